@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Build the Kubernetes test control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kwok, helm) from upstream Go modules, once per version set.
+#
+# Only the Go module proxy is reachable from our machines, so release binaries cannot be downloaded.
+# Binaries land in $KUBETRAIN_CACHE/k8s-bin/<versions>/ and a rerun with the same versions is a no-op.
+# Prints the directory holding the binaries as its last line.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+out="$CACHE_ROOT/k8s-bin/$key"
+mkdir -p "$out"
+
+log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+have() { [ -x "$out/$1" ]; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
+
+build_etcd() {
+  have etcd && return
+  log "etcd $ETCD_VERSION: building (wrapper module, etcd's own replace directives do not apply to dependents)"
+  local dir="$work/etcd"; mkdir -p "$dir"
+  cat >"$dir/go.mod" <<MOD
+module kubetrain.local/etcdbuild
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+MOD
+  (cd "$dir" && go build -trimpath -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3 && mv "$out/etcd.tmp" "$out/etcd")
+  log "etcd: done"
+}
+
+build_kubernetes() {
+  local missing=0 b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do have "$b" || missing=1; done
+  [ "$missing" = 1 ] || return 0
+  log "kubernetes $K8S_VERSION: resolving staging modules from its go.mod"
+  local dir="$work/k8s"; mkdir -p "$dir"
+  local gomod
+  gomod=$(cd "$dir" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  local staging_version="v0.${K8S_VERSION#v1.}"
+  {
+    echo "module kubetrain.local/k8sbuild"; echo; echo "go 1.25"; echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"; echo
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with local paths;
+    # a dependent must pin each one to the matching published version instead.
+    grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } >"$dir/go.mod"
+  log "kubernetes: $(grep -c '^replace' "$dir/go.mod") staging modules pinned to $staging_version"
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    have "$b" && continue
+    log "kubernetes: building $b (cold: several minutes each on 2 cores)"
+    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$out/$b.tmp" "$out/$b")
+    log "kubernetes: $b done"
+  done
+}
+
+build_simple() {  # name module-main-package module version
+  local name=$1 pkg=$2 mod=$3 version=$4
+  have "$name" && return
+  log "$name $version: building"
+  local dir="$work/$name"; mkdir -p "$dir"
+  printf 'module kubetrain.local/%sbuild\n\ngo 1.25\n\nrequire %s %s\n' "$name" "$mod" "$version" >"$dir/go.mod"
+  local ldflags="-s -w"
+  [ "$name" = helm ] && ldflags+=" -X helm.sh/helm/v3/internal/version.version=$version"
+  [ "$name" = kwok ] && ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=$version"
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg" && mv "$out/$name.tmp" "$out/$name")
+  log "$name: done"
+}
+
+start=$(date +%s)
+build_etcd
+build_simple kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+build_simple helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
+build_kubernetes
+log "all binaries present in $(( $(date +%s) - start ))s"
+echo "$out"

@@ -1,0 +1,138 @@
+"""The built-in trainer's configuration: one torch-free pydantic model.
+
+The operator embeds `TrainerConfig` in the TrainingJob spec (`spec.trainer`), so the same model validates
+a manifest at `kubectl apply` time (through the generated CRD schema) and at trainer start-up.
+Every field documents its default and unit because its description becomes `kubectl explain` text.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a manifest must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(_Strict):
+    """Where the training data comes from and how it is split."""
+
+    dataset: Literal["cifar10", "imagefolder", "fake"] = Field(
+        "cifar10",
+        description=(
+            "dataset selects the data source. cifar10: torchvision CIFAR-10 under `root` (downloaded when the "
+            "network allows, or an ImageFolder tree `train/<class>/*.jpg` already there); imagefolder: any "
+            "ImageFolder directory at `root`; fake: torchvision FakeData for smoke tests. Default cifar10."
+        ),
+    )
+    root: str = Field(
+        "/data",
+        description="root is the directory holding the dataset (or where it is downloaded). Default /data.",
+    )
+    image_size: int = Field(
+        32, ge=8, le=512, description="image_size is the side in pixels every image is resized to. Default 32."
+    )
+    validation_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "validation_fraction is the share of each class held out for evaluation, taken from the end of "
+            "each class in file order so the split is the same on every rank and every run. Default 0.1."
+        ),
+    )
+    fake_size: int = Field(
+        512, ge=1, description="fake_size is the number of images FakeData generates (dataset fake only)."
+    )
+    cache_decoded: bool = Field(
+        True,
+        description=(
+            "cache_decoded stores the decoded uint8 tensors next to the data so later runs and restarts skip "
+            "JPEG decoding. Default true."
+        ),
+    )
+
+
+class OptimizerConfig(_Strict):
+    """Optimiser and learning-rate schedule."""
+
+    name: Literal["sgd", "adamw"] = Field("sgd", description="name is the optimiser: sgd or adamw. Default sgd.")
+    lr: float = Field(0.01, gt=0, description="lr is the peak learning rate. Default 0.01.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum for sgd. Default 0.9.")
+    nesterov: bool = Field(False, description="nesterov enables Nesterov momentum for sgd. Default false.")
+    weight_decay: float = Field(0.0, ge=0, description="weight_decay is the L2 penalty. Default 0.")
+    schedule: Literal["constant", "onecycle", "cosine"] = Field(
+        "constant",
+        description="schedule shapes the learning rate over training: constant, onecycle or cosine. Default constant.",
+    )
+    warmup_epochs: float = Field(
+        0.0, ge=0, description="warmup_epochs ramps the learning rate linearly from 0 over this many epochs."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=1, description="label_smoothing for the cross-entropy loss. Default 0."
+    )
+
+
+class TrainerConfig(_Strict):
+    """Everything `kubetrain train` needs; defaults reproduce the tutorial baseline (SimpleCNN, SGD)."""
+
+    model: Literal["simple_cnn", "resnet_small", "resnet18"] = Field(
+        "simple_cnn",
+        description=(
+            "model is the network: simple_cnn (the tutorial CNN), resnet_small (a narrow residual network "
+            "with batch norm, fast on small images) or resnet18 (torchvision ResNet-18 adapted to 32x32). "
+            "Default simple_cnn."
+        ),
+    )
+    epochs: int = Field(10, ge=1, le=10000, description="epochs is the number of passes over the data. Default 10.")
+    batch_size: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="batch_size is the per-process batch size in images; the global batch is batch_size x WORLD_SIZE. Default 64.",
+    )
+    seed: int = Field(0, ge=0, description="seed makes data order, augmentation and initialisation reproducible.")
+    augment: bool = Field(
+        False, description="augment applies random crop (padding 4) and horizontal flip to training batches."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="data selects and splits the dataset.")
+    optimizer: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="optimizer sets the optimiser and learning-rate schedule."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="device is where training runs; auto picks cuda when a GPU is visible. Default auto."
+    )
+    compile: bool = Field(False, description="compile wraps the model in torch.compile. Default false.")
+    output_dir: str = Field(
+        "/output",
+        description=(
+            "output_dir is where artifacts and checkpoints go; the trainer writes under "
+            "`<output_dir>/<job name>/` so jobs sharing a volume do not collide. Default /output."
+        ),
+    )
+    checkpoint_every_epochs: int = Field(
+        1, ge=1, description="checkpoint_every_epochs is the checkpoint interval in epochs. Default 1."
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="keep_checkpoints is how many of the newest checkpoints are kept. Default 2."
+    )
+    rendezvous_timeout_seconds: int = Field(
+        300,
+        ge=1,
+        description=(
+            "rendezvous_timeout_seconds is how long a worker retries reaching the master before it exits "
+            "with code 10 (retryable). Default 300."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_model_fits_images(self) -> TrainerConfig:
+        if self.model == "simple_cnn" and self.data.image_size != 32:
+            raise ValueError(
+                f"model simple_cnn needs data.image_size 32 (its fc1 takes 64x6x6=2304 inputs), got {self.data.image_size}"
+            )
+        return self

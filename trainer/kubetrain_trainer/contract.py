@@ -1,0 +1,35 @@
+"""Names of the environment variables and annotations shared by the operator and the trainer.
+
+Both sides import these constants, so the contract cannot drift. See README "Worker environment".
+"""
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+"""Total number of training processes: workers x processes per worker (never the number of nodes)."""
+RANK = "RANK"
+"""Global rank of the process; for a worker with several processes torchrun sets it per process."""
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+NODE_RANK = "NODE_RANK"
+"""Index of the worker (pod) in the group, 0 being the master."""
+
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+
+JOB_NAME = "KUBETRAIN_JOB_NAME"
+"""Name of the TrainingJob; the trainer keys checkpoints and artifacts by it."""
+RESTART_ATTEMPT = "KUBETRAIN_RESTART_ATTEMPT"
+"""0 for the first run of the group, incremented by every whole-group restart."""
+TRAINER_CONFIG = "KUBETRAIN_TRAINER_CONFIG"
+"""The built-in trainer's configuration as JSON (a serialised `TrainerConfig`)."""
+POD_NAME = "KUBETRAIN_POD_NAME"
+POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
+
+PROGRESS_ANNOTATION = "kubetrain.io/progress"
+"""Pod annotation that rank 0 keeps up to date with JSON progress; the operator copies it to status."""
+PROGRESS_FILE = "progress.json"
+"""File in the job's output directory holding the same JSON as the annotation."""
