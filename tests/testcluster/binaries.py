@@ -1,0 +1,23 @@
+"""Finding, or building once, the control plane's binaries (see hack/build-k8s.sh)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
+REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+
+
+def ensure_binaries() -> Path:
+    """Return the directory holding every binary, building what is missing (a no-op when cached)."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=True
+    )
+    bin_dir = Path(result.stdout.strip().splitlines()[-1])
+    missing = [name for name in REQUIRED if not (bin_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {', '.join(missing)} missing in {bin_dir}")
+    return bin_dir

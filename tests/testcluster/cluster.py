@@ -1,0 +1,288 @@
+"""One real control plane on loopback: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testcluster import binaries, pki, processes
+
+KWOK_CONFIG = Path(__file__).with_name("kwok.yaml")
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.64.0.0/12"
+_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+class ClusterError(RuntimeError):
+    """The control plane failed to start or to become ready; the message points at the component's log."""
+
+
+@dataclass
+class Cluster:
+    """A running control plane. `kubeconfig` is what kubectl, the tests and the operator use."""
+
+    directory: Path
+    bin_dir: Path
+    kubeconfig: Path
+    api_port: int
+    pids: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.directory / "logs"
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        """Run kubectl against this cluster and return its stdout; raise with stderr when it fails."""
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout, result.stderr)
+        return result.stdout
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]]) -> str:
+        documents = manifest if isinstance(manifest, list) else [manifest]
+        return self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
+
+    def add_nodes(self, count: int, *, prefix: str = "kwok-node", gpus: int = 8) -> list[str]:
+        """Create `count` kwok-managed nodes and wait until each reports Ready."""
+        names = [f"{prefix}-{index}" for index in range(count)]
+        capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        nodes = [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                },
+                "status": {"allocatable": capacity, "capacity": capacity},
+            }
+            for name in names
+        ]
+        self.apply(nodes)
+        self.kubectl("wait", "--for=condition=Ready", "--timeout=120s", *(f"node/{n}" for n in names))
+        return names
+
+    def stop(self) -> None:
+        """Stop every component, newest first so none reconnects to a dead etcd; delete the directory."""
+        for name in reversed(_COMPONENTS):
+            pid = self.pids.get(name)
+            if pid is not None:
+                processes.stop_group(pid)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def alive(self) -> dict[str, bool]:
+        return {name: processes.pid_alive(pid) for name, pid in self.pids.items()}
+
+    def save_state(self) -> Path:
+        path = self.directory / "state.json"
+        state = {"bin_dir": str(self.bin_dir), "api_port": self.api_port, "pids": self.pids}
+        path.write_text(json.dumps(state, indent=2))
+        return path
+
+    @classmethod
+    def from_state(cls, directory: Path) -> Cluster:
+        state = json.loads((directory / "state.json").read_text())
+        return cls(
+            directory=directory,
+            bin_dir=Path(state["bin_dir"]),
+            kubeconfig=directory / "kubeconfig",
+            api_port=state["api_port"],
+            pids={name: int(pid) for name, pid in state["pids"].items()},
+        )
+
+
+def _kubeconfig(server: str, keys: pki.ClusterPki) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kubetrain-test",
+                "cluster": {"server": server, "certificate-authority": str(keys.ca_cert)},
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate": str(keys.admin_cert), "client-key": str(keys.admin_key)},
+            }
+        ],
+        "contexts": [{"name": "kubetrain-test", "context": {"cluster": "kubetrain-test", "user": "admin"}}],
+        "current-context": "kubetrain-test",
+    }
+
+
+def _wait_healthy(
+    cluster: Cluster, name: str, url: str, context: ssl.SSLContext | None, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while time.monotonic() < deadline:
+        process = cluster.processes.get(name)
+        if process is not None and process.poll() is not None:
+            raise ClusterError(
+                f"{name} exited with code {process.returncode}; see {cluster.log_dir / (name + '.log')}"
+            )
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as error:
+            last_error = str(error)
+        time.sleep(0.2)
+    raise ClusterError(
+        f"{name} not healthy at {url} after {timeout:.0f}s ({last_error}); "
+        f"see {cluster.log_dir / (name + '.log')}"
+    )
+
+
+def start_cluster(
+    *, nodes: int = 3, detached: bool = False, directory: Path | None = None, timeout: float = 120.0
+) -> Cluster:
+    """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped."""
+    bin_dir = binaries.ensure_binaries()
+    root = directory or Path(tempfile.mkdtemp(prefix="kubetrain-cluster-"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "logs").mkdir(exist_ok=True)
+    keys = pki.create_pki(root / "pki")
+    api_port = processes.free_port()
+    cluster = Cluster(directory=root, bin_dir=bin_dir, kubeconfig=root / "kubeconfig", api_port=api_port)
+    cluster.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(cluster.server, keys)))
+
+    def launch(name: str, argv: list[str]) -> None:
+        process = processes.start(name, [str(bin_dir / name), *argv], cluster.log_dir, detached=detached)
+        cluster.processes[name] = process
+        cluster.pids[name] = process.pid
+
+    try:
+        etcd_port, etcd_peer_port = processes.free_port(), processes.free_port()
+        launch(
+            "etcd",
+            [
+                "--name=default",
+                f"--data-dir={root / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer_port}",
+                "--listen-metrics-urls=",
+                # Test data is disposable: skipping fsync makes etcd several times faster on shared disks.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        _wait_healthy(cluster, "etcd", f"http://127.0.0.1:{etcd_port}/health", None, timeout)
+
+        launch(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={root / 'pki'}",
+                f"--tls-cert-file={keys.server_cert}",
+                f"--tls-private-key-file={keys.server_key}",
+                f"--client-ca-file={keys.ca_cert}",
+                f"--service-account-key-file={keys.service_account_pub}",
+                f"--service-account-signing-key-file={keys.service_account_key}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
+        )
+        context = ssl.create_default_context(cafile=str(keys.ca_cert))
+        context.load_cert_chain(str(keys.admin_cert), str(keys.admin_key))
+        _wait_healthy(cluster, "kube-apiserver", f"{cluster.server}/readyz", context, timeout)
+
+        launch(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--authentication-kubeconfig={cluster.kubeconfig}",
+                f"--authorization-kubeconfig={cluster.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={processes.free_port()}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={keys.service_account_key}",
+                f"--root-ca-file={keys.ca_cert}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                "--v=1",
+            ],
+        )
+        launch(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--authentication-kubeconfig={cluster.kubeconfig}",
+                f"--authorization-kubeconfig={cluster.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={processes.free_port()}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        launch(
+            "kwok",
+            [
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--config={KWOK_CONFIG}",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=127.0.0.1",
+            ],
+        )
+        _wait_for_default_service_account(cluster, timeout)
+        if nodes:
+            cluster.add_nodes(nodes)
+        for name, process in cluster.processes.items():
+            if process.poll() is not None:
+                raise ClusterError(f"{name} exited with code {process.returncode}; see {cluster.log_dir}")
+    except BaseException:
+        cluster.stop()
+        raise
+    if detached:
+        cluster.save_state()
+    return cluster
+
+
+def _wait_for_default_service_account(cluster: Cluster, timeout: float) -> None:
+    """Pods are refused until the controller manager has created the namespace's default ServiceAccount."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cluster.kubectl(
+            "get", "serviceaccount", "default", "--ignore-not-found", "-o", "name", check=False
+        ):
+            return
+        time.sleep(0.3)
+    raise ClusterError(f"no default ServiceAccount after {timeout:.0f}s; see {cluster.log_dir}")
