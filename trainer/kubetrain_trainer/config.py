@@ -34,7 +34,10 @@ class DataConfig(_Strict):
         description="root is the directory holding the dataset (or where it is downloaded). Default /data.",
     )
     image_size: int = Field(
-        32, ge=8, le=512, description="image_size is the side in pixels every image is resized to. Default 32."
+        32,
+        ge=8,
+        le=512,
+        description="image_size is the side in pixels every image is resized to. Default 32.",
     )
     validation_fraction: float = Field(
         0.1,
@@ -60,7 +63,9 @@ class DataConfig(_Strict):
 class OptimizerConfig(_Strict):
     """Optimiser and learning-rate schedule."""
 
-    name: Literal["sgd", "adamw"] = Field("sgd", description="name is the optimiser: sgd or adamw. Default sgd.")
+    name: Literal["sgd", "adamw"] = Field(
+        "sgd", description="name is the optimiser: sgd or adamw. Default sgd."
+    )
     lr: float = Field(0.01, gt=0, description="lr is the peak learning rate. Default 0.01.")
     momentum: float = Field(0.9, ge=0, lt=1, description="momentum for sgd. Default 0.9.")
     nesterov: bool = Field(False, description="nesterov enables Nesterov momentum for sgd. Default false.")
@@ -88,23 +93,38 @@ class TrainerConfig(_Strict):
             "Default simple_cnn."
         ),
     )
-    epochs: int = Field(10, ge=1, le=10000, description="epochs is the number of passes over the data. Default 10.")
+    width: int = Field(
+        32,
+        ge=8,
+        le=512,
+        description=(
+            "width is the channel count of resnet_small's first stage (the next two use 2x and 4x); other "
+            "models ignore it. Default 32."
+        ),
+    )
+    epochs: int = Field(
+        10, ge=1, le=10000, description="epochs is the number of passes over the data. Default 10."
+    )
     batch_size: int = Field(
         64,
         ge=1,
         le=65536,
         description="batch_size is the per-process batch size in images; the global batch is batch_size x WORLD_SIZE. Default 64.",
     )
-    seed: int = Field(0, ge=0, description="seed makes data order, augmentation and initialisation reproducible.")
+    seed: int = Field(
+        0, ge=0, description="seed makes data order, augmentation and initialisation reproducible."
+    )
     augment: bool = Field(
         False, description="augment applies random crop (padding 4) and horizontal flip to training batches."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="data selects and splits the dataset.")
     optimizer: OptimizerConfig = Field(
-        default_factory=OptimizerConfig, description="optimizer sets the optimiser and learning-rate schedule."
+        default_factory=OptimizerConfig,
+        description="optimizer sets the optimiser and learning-rate schedule.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="device is where training runs; auto picks cuda when a GPU is visible. Default auto."
+        "auto",
+        description="device is where training runs; auto picks cuda when a GPU is visible. Default auto.",
     )
     compile: bool = Field(False, description="compile wraps the model in torch.compile. Default false.")
     output_dir: str = Field(
@@ -126,6 +146,35 @@ class TrainerConfig(_Strict):
         description=(
             "rendezvous_timeout_seconds is how long a worker retries reaching the master before it exits "
             "with code 10 (retryable). Default 300."
+        ),
+    )
+
+    eval_flip_tta: bool = Field(
+        False,
+        description=(
+            "eval_flip_tta averages each validation prediction over the image and its mirror image "
+            "(test-time augmentation: twice the evaluation cost, usually higher accuracy). Default false."
+        ),
+    )
+    cpu_threads: int = Field(
+        0,
+        ge=0,
+        description=(
+            "cpu_threads is the number of intra-op threads per process on CPU; 0 divides the visible CPU "
+            "cores evenly among the LOCAL_WORLD_SIZE processes of a worker. Default 0."
+        ),
+    )
+    log_every_steps: int = Field(
+        50,
+        ge=1,
+        description="log_every_steps is the interval in steps between progress log lines. Default 50.",
+    )
+    collective_timeout_seconds: int = Field(
+        1800,
+        ge=1,
+        description=(
+            "collective_timeout_seconds bounds how long a rank waits in one collective for its peers before "
+            "it exits with code 11 (retryable). Default 1800."
         ),
     )
 

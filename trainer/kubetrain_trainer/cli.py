@@ -1,0 +1,223 @@
+"""`kubetrain train | evaluate | predict`: argument parsing and process management only.
+
+torch is imported inside the command functions, never at module level, so `kubetrain --help` stays
+fast and the operator image (which has no torch) can import this module. `main` returns the exit code
+documented in `exit_codes`; it never raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kubetrain_trainer import config_loading, contract, distributed, logging_setup
+from kubetrain_trainer.exit_codes import ExitCode
+from kubetrain_trainer.failures import ConfigError, TrainerError, classify
+
+log = logging.getLogger("kubetrain_trainer")
+
+DEFAULT_JOB_NAME = "local"
+
+
+def _add_train_parser(commands: Any) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train a model (config from --config and/or $KUBETRAIN_TRAINER_CONFIG, flags override both)",
+        description="Train with DDP when WORLD_SIZE > 1. Exit codes: 0 ok, 2 bad config, 3 data error "
+        "(permanent); 1 unexpected, 10 rendezvous timeout, 11 peer lost, 12 out of memory, 130 interrupted.",
+    )
+    train.add_argument("--config", type=Path, help="YAML or JSON file holding a TrainerConfig")
+    train.add_argument("--epochs", type=int, help="override epochs")
+    train.add_argument("--batch-size", type=int, help="override batch_size (per process)")
+    train.add_argument("--lr", type=float, help="override optimizer.lr")
+    train.add_argument("--model", help="override model")
+    train.add_argument("--seed", type=int, help="override seed")
+    train.add_argument("--device", help="override device (auto, cpu, cuda)")
+    train.add_argument("--output-dir", help="override output_dir")
+    train.add_argument("--data-root", help="override data.root")
+    train.add_argument("--dataset", help="override data.dataset (cifar10, imagefolder, fake)")
+    train.add_argument(
+        "--verbose", action="store_true", help="log INFO lines from every rank, not just rank 0"
+    )
+
+
+def _add_evaluate_parser(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "evaluate", help="accuracy and per-class table of a model on a dataset split"
+    )
+    evaluate.add_argument("model", type=Path, help="model.pt written by `kubetrain train`")
+    evaluate.add_argument("--data-root", help="dataset root (default: the one the model was trained on)")
+    evaluate.add_argument("--dataset", help="cifar10, imagefolder or fake (default: the training one)")
+    evaluate.add_argument("--split", choices=["validation", "train", "all"], default="validation")
+    evaluate.add_argument("--batch-size", type=int, default=512)
+    evaluate.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    evaluate.add_argument("--tta", action="store_true", help="average predictions with mirrored images")
+    evaluate.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
+
+
+def _add_predict_parser(commands: Any) -> None:
+    predict = commands.add_parser("predict", help="classify image files or directories with a trained model")
+    predict.add_argument("model", type=Path, help="model.pt written by `kubetrain train`")
+    predict.add_argument("images", type=Path, nargs="+", help="image files and/or directories (recursed)")
+    predict.add_argument("--batch-size", type=int, default=256)
+    predict.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    predict.add_argument("--tta", action="store_true", help="average predictions with mirrored images")
+    predict.add_argument(
+        "--json", action="store_true", help="print a JSON list instead of one line per image"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for the trainer's three subcommands (argv starts with the subcommand)."""
+    parser = argparse.ArgumentParser(prog="kubetrain", description="kubetrain's built-in trainer")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(commands)
+    _add_evaluate_parser(commands)
+    _add_predict_parser(commands)
+    return parser
+
+
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags that were given, as a nested TrainerConfig fragment."""
+    overrides: dict[str, Any] = {}
+    flat = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "model": args.model,
+        "seed": args.seed,
+        "device": args.device,
+        "output_dir": args.output_dir,
+    }
+    overrides.update({k: v for k, v in flat.items() if v is not None})
+    data = {k: v for k, v in {"root": args.data_root, "dataset": args.dataset}.items() if v is not None}
+    if data:
+        overrides["data"] = data
+    if args.lr is not None:
+        overrides["optimizer"] = {"lr": args.lr}
+    return overrides
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
+
+
+def _report_failure(error: BaseException) -> int:
+    code = classify(error)
+    if isinstance(error, TrainerError):
+        log.error("%s (exit code %d, %s)", error, code, code.name)
+    elif code == ExitCode.INTERRUPTED:
+        log.error("interrupted: %s (exit code %d)", error or "SIGINT", code)
+    else:
+        log.error(
+            "%s\n%s: %s (exit code %d, %s)",
+            traceback.format_exc().rstrip(),
+            type(error).__name__,
+            error,
+            code,
+            code.name,
+        )
+    return int(code)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Config and environment first (cheap, permanent failures), then the process group and training."""
+    world = distributed.read_world_env()
+    logging_setup.configure(world.rank, args.verbose)
+    config = config_loading.load_config(args.config, train_overrides(args))
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    from kubetrain_trainer.trainer import Trainer, select_device
+
+    backend = "nccl" if select_device(config, world).type == "cuda" else "gloo"
+    try:
+        distributed.init_process_group(
+            world, backend, config.rendezvous_timeout_seconds, config.collective_timeout_seconds
+        )
+        job_name = os.environ.get(contract.JOB_NAME) or DEFAULT_JOB_NAME
+        result = Trainer(config, world, job_name).train()
+        log.info("done: validation accuracy %.4f, artifacts in %s", result.report.accuracy, result.job_dir)
+        return 0
+    finally:
+        distributed.destroy_process_group()
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but no GPU is visible")
+    use_cuda = name == "cuda" or (name == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """Evaluate a model file on a split of a dataset and print accuracy with the per-class table."""
+    from kubetrain_trainer import artifacts, datasets, evaluation
+    from kubetrain_trainer.metrics import ClassReport
+
+    logging_setup.configure()
+    device = _device(args.device)
+    trained = artifacts.load_model(args.model, device)
+    data_config = trained.config.data.model_copy(
+        update={k: v for k, v in {"root": args.data_root, "dataset": args.dataset}.items() if v is not None}
+    )
+    full = datasets.load(data_config, trained.config.seed)
+    if full.classes != trained.classes:
+        raise ConfigError(f"dataset classes {full.classes} differ from the model's classes {trained.classes}")
+    train_part, val_part = datasets.split_validation(full, data_config.validation_fraction)
+    data = {"validation": val_part, "train": train_part, "all": full}[args.split]
+    result = evaluation.evaluate(
+        trained.model, data, trained.preprocessing, device, args.batch_size, args.tta
+    )
+    report = ClassReport(trained.classes, result.matrix)
+    if args.json:
+        print(
+            json.dumps({"split": args.split, "images": result.count, "loss": result.loss, **report.to_dict()})
+        )
+    else:
+        print(f"{args.split} split of {data_config.root}: {result.count} images, loss {result.loss:.4f}")
+        print(report.table())
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """Print `path: label_id, label, score` per image (or a JSON list) using the model's preprocessing."""
+    from kubetrain_trainer import artifacts, inference
+
+    logging_setup.configure()
+    device = _device(args.device)
+    trained = artifacts.load_model(args.model, device)
+    paths = inference.expand_image_paths(args.images)
+    predictions = inference.predict_files(trained, paths, device, args.batch_size, args.tta)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in predictions], indent=2))
+    else:
+        for p in predictions:
+            print(f"{p.path}: {p.label_id}, {p.label}, {p.score:.4f}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for `kubetrain train|evaluate|predict ...`; returns the process exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse: 0 for --help, 2 for bad arguments (already printed)
+        return int(exit_.code or 0)
+    command = {"train": run_train, "evaluate": run_evaluate, "predict": run_predict}[args.command]
+    try:
+        return command(args)
+    except BaseException as error:
+        if not logging.getLogger().handlers:
+            logging_setup.configure()
+        return _report_failure(error)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

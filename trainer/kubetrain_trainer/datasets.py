@@ -1,0 +1,200 @@
+"""Data sources decoded once into uint8 tensors: ImageFolder trees, CIFAR-10 and FakeData.
+
+Per-sample PIL work happens exactly once per dataset version: the decoded tensors are cached next to the
+data (atomically, keyed by a fingerprint of the files), so restarts and later epochs only touch tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kubetrain_trainer import atomic, preprocessing
+from kubetrain_trainer.config import DataConfig
+from kubetrain_trainer.failures import DataError
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
+CACHE_DIR_NAME = ".kubetrain-cache"
+_CACHE_FORMAT = 1
+
+
+@dataclass
+class LabeledImages:
+    """A decoded dataset: uint8 images (N, 3, S, S), int64 labels (N,) and the class names."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, indices: torch.Tensor) -> LabeledImages:
+        """Rows `indices` of this dataset, same classes."""
+        return LabeledImages(self.images[indices], self.labels[indices], self.classes)
+
+
+def split_validation(data: LabeledImages, fraction: float) -> tuple[LabeledImages, LabeledImages]:
+    """Hold out the last `fraction` of every class (in file order): the same split on every rank and run.
+
+    Taking the tail of each class keeps classes balanced in both parts and needs no random state.
+    """
+    import torch
+
+    train_parts, val_parts = [], []
+    for label in range(len(data.classes)):
+        members = torch.nonzero(data.labels == label).flatten()
+        n_val = round(len(members) * fraction)
+        if fraction > 0 and len(members) > 1:
+            n_val = max(1, n_val)
+        train_parts.append(members[: len(members) - n_val])
+        val_parts.append(members[len(members) - n_val :])
+    train_idx = torch.cat(train_parts).sort().values
+    val_idx = torch.cat(val_parts).sort().values
+    return data.subset(train_idx), data.subset(val_idx)
+
+
+def list_image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Classes (sorted subdirectory names) and (file, label) pairs in sorted order, like ImageFolder."""
+    if not root.is_dir():
+        raise DataError(f"data root {root} does not exist or is not a directory")
+    classes = sorted(
+        entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")
+    )
+    samples: list[tuple[Path, int]] = []
+    for label, name in enumerate(classes):
+        files = sorted(
+            path
+            for path in (root / name).rglob("*")
+            if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+        )
+        samples.extend((path, label) for path in files)
+    if not samples:
+        raise DataError(
+            f"no images under {root}: expected an ImageFolder layout <root>/<class>/<image> "
+            f"with extensions {', '.join(sorted(IMAGE_EXTENSIONS))}"
+        )
+    return classes, samples
+
+
+def _fingerprint(samples: list[tuple[Path, int]], image_size: int) -> str:
+    digest = hashlib.sha256(f"v{_CACHE_FORMAT}:{image_size}".encode())
+    for path, label in samples:
+        stat = path.stat()
+        digest.update(f"{path.name}:{label}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20]
+
+
+def _decode_all(samples: list[tuple[Path, int]], image_size: int) -> torch.Tensor:
+    import torch
+
+    def decode(path: Path) -> torch.Tensor:
+        try:
+            return preprocessing.decode_file(path, image_size)
+        except Exception as error:
+            raise DataError(f"cannot decode image {path}: {error}") from error
+
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL releases the GIL while decoding
+        decoded = list(pool.map(decode, (path for path, _ in samples), chunksize=256))
+    return torch.stack(decoded)
+
+
+def _load_cache(path: Path) -> LabeledImages | None:
+    import torch
+
+    try:
+        blob = torch.load(path, weights_only=True)
+        return LabeledImages(blob["images"], blob["labels"], list(blob["classes"]))
+    except Exception as error:
+        log.warning("ignoring unreadable decode cache %s: %s", path, error)
+        return None
+
+
+def _save_cache(path: Path, data: LabeledImages) -> None:
+    import torch
+
+    blob = {"images": data.images, "labels": data.labels, "classes": data.classes}
+    try:
+        atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
+    except OSError as error:  # read-only data volumes are normal: train without the cache
+        log.info("not caching decoded images at %s: %s", path, error)
+
+
+def load_image_folder(root: Path, image_size: int, cache: bool) -> LabeledImages:
+    """Decode an ImageFolder tree once, reusing the cache under `<root>/.kubetrain-cache/` when current."""
+    import torch
+
+    classes, samples = list_image_folder(root)
+    cache_path = root / CACHE_DIR_NAME / f"decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
+    if cache and cache_path.is_file():
+        cached = _load_cache(cache_path)
+        if cached is not None and len(cached) == len(samples) and cached.classes == classes:
+            log.info("loaded %d decoded images from cache %s", len(cached), cache_path)
+            return cached
+    log.info("decoding %d images in %d classes under %s", len(samples), len(classes), root)
+    data = LabeledImages(
+        _decode_all(samples, image_size),
+        torch.tensor([label for _, label in samples], dtype=torch.int64),
+        classes,
+    )
+    if cache:
+        _save_cache(cache_path, data)
+    return data
+
+
+def _load_torchvision_cifar10(root: Path, image_size: int) -> LabeledImages:
+    import torch
+    import torchvision
+    from PIL import Image
+
+    try:
+        dataset = torchvision.datasets.CIFAR10(str(root), train=True, download=True)
+    except Exception as error:
+        raise DataError(
+            f"CIFAR-10 not found under {root} (neither an ImageFolder tree {root / 'train'} nor "
+            f"torchvision's cifar-10-batches-py) and the download failed: {error}"
+        ) from error
+    if image_size == 32:
+        images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
+    else:
+        images = torch.stack(
+            [preprocessing.pil_to_uint8(Image.fromarray(a), image_size) for a in dataset.data]
+        )
+    return LabeledImages(images, torch.tensor(dataset.targets, dtype=torch.int64), list(dataset.classes))
+
+
+def _load_fake(size: int, image_size: int, seed: int) -> LabeledImages:
+    import torch
+    import torchvision
+
+    dataset = torchvision.datasets.FakeData(
+        size=size, image_size=(3, image_size, image_size), random_offset=seed
+    )
+    images, labels = [], []
+    for image, label in dataset:
+        images.append(preprocessing.pil_to_uint8(image, image_size))
+        labels.append(int(label))
+    return LabeledImages(torch.stack(images), torch.tensor(labels), [f"class{i}" for i in range(10)])
+
+
+def load(config: DataConfig, seed: int) -> LabeledImages:
+    """The whole labelled dataset selected by `config`, decoded into uint8 tensors on the CPU."""
+    root = Path(config.root)
+    if config.dataset == "fake":
+        return _load_fake(config.fake_size, config.image_size, seed)
+    if config.dataset == "imagefolder":
+        return load_image_folder(root, config.image_size, config.cache_decoded)
+    if (root / "train").is_dir():
+        return load_image_folder(root / "train", config.image_size, config.cache_decoded)
+    return _load_torchvision_cifar10(root, config.image_size)

@@ -1,0 +1,55 @@
+"""Optimiser construction and the learning-rate schedule as a pure function of the step.
+
+The schedule keeps no state of its own: a resumed run recomputes the rate from the restored step count,
+so checkpoints only need the optimiser's state and the step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from kubetrain_trainer.config import OptimizerConfig
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+    """SGD or AdamW; batch-norm and bias parameters get no weight decay (decaying them only hurts)."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim > 1 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if config.name == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr)
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+
+
+def lr_factor(config: OptimizerConfig, step: int, total_steps: int, steps_per_epoch: int) -> float:
+    """Multiplier of the peak rate at `step`: linear warmup, then constant, one-cycle or cosine decay.
+
+    One-cycle here is the triangular variant of the speed-run literature: a linear ramp up over the
+    warmup, then a linear ramp down to zero at the last step.
+    """
+    warmup = min(total_steps, round(config.warmup_epochs * steps_per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    if config.schedule == "constant":
+        return 1.0
+    remaining = max(1, total_steps - warmup)
+    progress = min(1.0, (step - warmup) / remaining)
+    if config.schedule == "onecycle":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, peak_lr: float, factor: float) -> float:
+    """Apply the scheduled rate to every parameter group and return it (for logging)."""
+    lr = peak_lr * factor
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr

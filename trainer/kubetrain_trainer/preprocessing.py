@@ -1,0 +1,81 @@
+"""The one definition of how an image becomes a network input, shared by training, evaluation and predict.
+
+The seed tutorials trained without normalisation but normalised at inference; here the decode step and
+the normalisation constants live together and are stored in the model file, so they cannot diverge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Resize side and per-channel mean/std (on the 0..1 scale) applied to uint8 RGB images."""
+
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, so the model file stays loadable with `torch.load(weights_only=True)`."""
+        data = asdict(self)
+        data["mean"] = list(self.mean)
+        data["std"] = list(self.std)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Preprocessing:
+        """Inverse of `to_dict`."""
+        return cls(int(data["image_size"]), tuple(data["mean"]), tuple(data["std"]))  # type: ignore[arg-type]
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW batch to normalised float32, done per batch (cheaper than storing floats)."""
+        import torch
+
+        mean = torch.tensor(self.mean, device=images.device).view(1, 3, 1, 1) * 255.0
+        inv_std = 1.0 / (torch.tensor(self.std, device=images.device).view(1, 3, 1, 1) * 255.0)
+        return (images.float() - mean) * inv_std
+
+
+def fit_preprocessing(images: torch.Tensor, image_size: int) -> Preprocessing:
+    """Per-channel mean/std of a uint8 NCHW training set, so any ImageFolder is normalised correctly."""
+
+    stats = images.float().div_(255.0) if images.numel() < 50_000_000 else None
+    if stats is None:  # large sets: estimate from an evenly spaced subsample to bound memory
+        step = max(1, images.shape[0] // 10_000)
+        stats = images[::step].float().div_(255.0)
+    mean = stats.mean(dim=(0, 2, 3))
+    std = stats.std(dim=(0, 2, 3)).clamp_min(1e-3)
+    del stats
+    return Preprocessing(
+        image_size,
+        tuple(round(float(v), 6) for v in mean),  # type: ignore[arg-type]
+        tuple(round(float(v), 6) for v in std),  # type: ignore[arg-type]
+    )
+
+
+def pil_to_uint8(image: Image.Image, image_size: int) -> torch.Tensor:
+    """RGB conversion and bilinear resize of one PIL image into a uint8 CHW tensor."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    image = image.convert("RGB")
+    if image.size != (image_size, image_size):
+        image = image.resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()
+
+
+def decode_file(path: Path, image_size: int) -> torch.Tensor:
+    """Decode one image file; raises OSError (or PIL's UnidentifiedImageError) when it is not an image."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return pil_to_uint8(image, image_size)

@@ -1,0 +1,102 @@
+"""The progress contract with the operator: `<output>/<job>/progress.json` plus the pod annotation.
+
+Rank 0 writes the same JSON object to both after every epoch:
+`{"epoch": int, "epochs": int, "step": int, "loss": float, "accuracy": float | null, "updatedAt": RFC 3339}`.
+The annotation is a JSON merge patch of its own pod through the in-cluster service account, with urllib
+and ssl only (the trainer image carries no Kubernetes client); a failed patch is a warning, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubetrain_trainer import atomic, contract
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_PATCH_TIMEOUT_SECONDS = 5.0
+
+
+def progress_record(
+    epoch: int, epochs: int, step: int, loss: float, accuracy: float | None
+) -> dict[str, Any]:
+    """The progress JSON object, with the time it was produced."""
+    return {
+        "epoch": epoch,
+        "epochs": epochs,
+        "step": step,
+        "loss": round(float(loss), 6),
+        "accuracy": None if accuracy is None else round(float(accuracy), 6),
+        "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+@dataclass
+class PodAnnotator:
+    """Merge-patches one pod's `kubetrain.io/progress` annotation with the API server's REST interface."""
+
+    api_url: str
+    namespace: str
+    pod: str
+    token_path: Path
+    ca_path: Path | None
+
+    @classmethod
+    def from_environment(cls) -> PodAnnotator | None:
+        """An annotator when running in a pod with a service-account token, else None (local runs)."""
+        pod = os.environ.get(contract.POD_NAME)
+        namespace = os.environ.get(contract.POD_NAMESPACE)
+        token = SERVICE_ACCOUNT_DIR / "token"
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        if not (pod and namespace and host and token.is_file()):
+            return None
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", namespace, pod, token, SERVICE_ACCOUNT_DIR / "ca.crt")
+
+    def patch(self, record: dict[str, Any]) -> bool:
+        """Set the annotation to `record`; returns False (after a warning) when the API refused or failed."""
+        body = json.dumps({"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: json.dumps(record)}}})
+        request = urllib.request.Request(
+            f"{self.api_url}/api/v1/namespaces/{self.namespace}/pods/{self.pod}",
+            data=body.encode(),
+            method="PATCH",
+            headers={
+                "Content-Type": "application/merge-patch+json",
+                "Authorization": f"Bearer {self.token_path.read_text(encoding='utf-8').strip()}",
+            },
+        )
+        context = None
+        if self.api_url.startswith("https://"):
+            context = ssl.create_default_context(cafile=str(self.ca_path) if self.ca_path else None)
+        try:
+            with urllib.request.urlopen(request, timeout=_PATCH_TIMEOUT_SECONDS, context=context) as response:
+                response.read()
+            return True
+        except (urllib.error.URLError, OSError, ssl.SSLError) as error:
+            log.warning("could not patch pod %s/%s progress annotation: %s", self.namespace, self.pod, error)
+            return False
+
+
+class ProgressReporter:
+    """Publishes progress records to the job's progress file and, in a pod, to the pod annotation."""
+
+    def __init__(self, job_dir: Path, annotator: PodAnnotator | None) -> None:
+        self.path = job_dir / contract.PROGRESS_FILE
+        self.annotator = annotator
+
+    def report(self, record: dict[str, Any]) -> None:
+        """Write the file atomically (the operator may read it mid-write) and patch the annotation."""
+        atomic.write_text_atomic(self.path, json.dumps(record) + "\n")
+        if self.annotator is not None:
+            self.annotator.patch(record)

@@ -1,0 +1,294 @@
+"""The training loop: a `Trainer` that wires the data, model, optimiser, checkpointer and reporters.
+
+The process-level concerns (config parsing, process group life cycle, exit codes) live in `cli`; this
+module assumes the process group, if any, is already initialised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from kubetrain_trainer import artifacts, batches, datasets, evaluation, models, optim, plots
+from kubetrain_trainer.checkpoints import Checkpointer
+from kubetrain_trainer.config import TrainerConfig
+from kubetrain_trainer.distributed import WorldEnv
+from kubetrain_trainer.failures import ConfigError
+from kubetrain_trainer.meter import ThroughputMeter
+from kubetrain_trainer.metrics import ClassReport
+from kubetrain_trainer.preprocessing import Preprocessing, fit_preprocessing
+from kubetrain_trainer.progress import PodAnnotator, ProgressReporter, progress_record
+
+log = logging.getLogger(__name__)
+
+_EVAL_BATCH = 1024
+
+
+def select_device(config: TrainerConfig, world: WorldEnv) -> torch.device:
+    """cuda:LOCAL_RANK when GPUs are requested or (auto) visible, else the CPU; checks there are enough GPUs."""
+    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ConfigError("device cuda requested but no GPU is visible (torch.cuda.device_count() == 0)")
+    if world.local_world_size > count:
+        raise ConfigError(
+            f"LOCAL_WORLD_SIZE({world.local_world_size}) processes per worker but only {count} visible GPUs"
+        )
+    return torch.device("cuda", world.local_rank)
+
+
+def cpu_threads(config: TrainerConfig, world: WorldEnv) -> int:
+    """Intra-op threads for this process: the configured count, or the worker's cores split evenly."""
+    if config.cpu_threads:
+        return config.cpu_threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // world.local_world_size)
+
+
+@dataclass
+class TrainState:
+    """Progress counters and the per-epoch history, checkpointed alongside model and optimiser."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.step = int(state["step"])
+        self.history = list(state["history"])
+
+
+@dataclass
+class TrainResult:
+    """What a finished run leaves behind (rank 0 fills `job_dir` with the artifacts)."""
+
+    job_dir: Path
+    history: list[dict[str, Any]]
+    report: ClassReport
+    resumed_from_epoch: int
+
+
+def _all_reduce_sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:
+    if distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(values)
+    return values
+
+
+class Trainer:
+    """Trains `config` on this rank's share of the data and, on rank 0, writes checkpoints and artifacts."""
+
+    def __init__(self, config: TrainerConfig, world: WorldEnv, job_name: str) -> None:
+        self.config = config
+        self.world = world
+        self.job_dir = Path(config.output_dir) / job_name
+        self.device = select_device(config, world)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(config, world))
+        else:
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+        torch.manual_seed(config.seed)
+
+        full = datasets.load(config.data, config.seed)
+        self.train_data, self.val_data = datasets.split_validation(full, config.data.validation_fraction)
+        self.classes = full.classes
+        self.preprocessing: Preprocessing = fit_preprocessing(self.train_data.images, config.data.image_size)
+        self.loader = batches.BatchLoader(
+            self.train_data,
+            self.preprocessing,
+            config.batch_size,
+            world.rank,
+            world.world_size,
+            config.seed,
+            config.augment,
+            self.device,
+        )
+        # Each rank validates a strided shard; confusion matrices and loss sums are added across ranks.
+        self.val_shard = self.val_data.subset(torch.arange(world.rank, len(self.val_data), world.world_size))
+
+        self.model = models.build(config.model, len(self.classes), config.width)
+        self.model.to(self.device).to(memory_format=torch.channels_last)
+        self.optimizer = optim.build_optimizer(self.model, config.optimizer)
+        self.state = TrainState()
+        self.checkpointer = Checkpointer(self.job_dir / "checkpoints", config.keep_checkpoints)
+        self.resumed_from_epoch = self._resume()
+        self.network: nn.Module = self.model
+        if world.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.network = DistributedDataParallel(self.model, device_ids=device_ids)
+        if config.compile:
+            self.network = torch.compile(self.network)  # type: ignore[assignment]
+        self.reporter = (
+            ProgressReporter(self.job_dir, PodAnnotator.from_environment()) if world.is_main else None
+        )
+
+    def _components(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer, "state": self.state}
+
+    def _resume(self) -> int:
+        """Load the newest valid checkpoint (chosen by rank 0, loaded by every rank); returns its epoch."""
+        choice: list[str | None] = [None]
+        if self.world.is_main:
+            path = self.checkpointer.newest_valid()
+            choice[0] = str(path) if path else None
+        if self.world.distributed:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            return 0
+        epoch, _ = self.checkpointer.load(Path(choice[0]), self._components())
+        log.info("resumed from checkpoint %s: epoch %d of %d done", choice[0], epoch, self.config.epochs)
+        return epoch
+
+    def train(self) -> TrainResult:
+        """Run the remaining epochs, then (rank 0) write the final artifacts."""
+        config = self.config
+        steps_per_epoch = len(self.loader)
+        total_steps = steps_per_epoch * config.epochs
+        criterion = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
+        meter = ThroughputMeter(
+            total_steps, config.batch_size * self.world.world_size, config.log_every_steps, self.world.is_main
+        )
+        log.info(
+            "training %s on %d images (%d validation), %d classes, %d epochs x %d steps, global batch %d, device %s",
+            config.model,
+            len(self.train_data),
+            len(self.val_data),
+            len(self.classes),
+            config.epochs,
+            steps_per_epoch,
+            config.batch_size * self.world.world_size,
+            self.device,
+        )
+        report = ClassReport(
+            self.classes, torch.zeros(len(self.classes), len(self.classes), dtype=torch.int64)
+        )
+        for epoch in range(self.state.epoch + 1, config.epochs + 1):
+            started = time.perf_counter()
+            meter.start_window()
+            train_loss, train_acc = self._train_epoch(epoch, steps_per_epoch, total_steps, criterion, meter)
+            train_seconds = time.perf_counter() - started
+            val_loss, report = self._validate()
+            self.state.epoch = epoch
+            self.state.history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": round(train_loss, 6),
+                    "train_accuracy": round(train_acc, 6),
+                    "val_loss": round(val_loss, 6),
+                    "val_accuracy": round(report.accuracy, 6),
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "images_per_second": round(steps_per_epoch * meter.global_batch / train_seconds, 1),
+                    "seconds": round(time.perf_counter() - started, 3),
+                }
+            )
+            log.info(
+                "epoch %d/%d done: train loss %.4f acc %.4f, validation loss %.4f acc %.4f, %.0f img/s",
+                epoch,
+                config.epochs,
+                train_loss,
+                train_acc,
+                val_loss,
+                report.accuracy,
+                steps_per_epoch * meter.global_batch / train_seconds,
+            )
+            if self.world.is_main:
+                if epoch % config.checkpoint_every_epochs == 0 or epoch == config.epochs:
+                    self.checkpointer.save(epoch, self._components(), {"config": config.model_dump_json()})
+                assert self.reporter is not None
+                self.reporter.report(
+                    progress_record(epoch, config.epochs, self.state.step, val_loss, report.accuracy)
+                )
+        if self.state.epoch == self.resumed_from_epoch:  # nothing left to train: recompute the final report
+            _, report = self._validate()
+        if self.world.is_main:
+            self._write_artifacts(report)
+        return TrainResult(self.job_dir, self.state.history, report, self.resumed_from_epoch)
+
+    def _train_epoch(
+        self, epoch: int, steps_per_epoch: int, total_steps: int, criterion: nn.Module, meter: ThroughputMeter
+    ) -> tuple[float, float]:
+        self.network.train()
+        self.loader.set_epoch(epoch)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        seen = 0
+        for step, (images, labels) in enumerate(self.loader):
+            factor = optim.lr_factor(self.config.optimizer, self.state.step, total_steps, steps_per_epoch)
+            optim.set_lr(self.optimizer, self.config.optimizer.lr, factor)
+            with evaluation.autocast_for(self.device):
+                outputs = self.network(images)
+            loss = criterion(outputs.float(), labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.state.step += 1
+            loss_sum += loss.detach() * len(labels)
+            correct += (outputs.detach().argmax(dim=1) == labels).sum()
+            seen += len(labels)
+            meter.step(epoch, self.config.epochs, step, steps_per_epoch, self.state.step - 1, loss.detach())
+        totals = torch.stack(
+            [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device).double()]
+        )
+        totals = _all_reduce_sum(totals, self.world.distributed)
+        return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+
+    def _validate(self) -> tuple[float, ClassReport]:
+        result = evaluation.evaluate(
+            self.network,
+            self.val_shard,
+            self.preprocessing,
+            self.device,
+            _EVAL_BATCH,
+            self.config.eval_flip_tta,
+        )
+        packed = torch.cat(
+            [
+                result.matrix.flatten().double(),
+                torch.tensor([result.loss_sum, float(result.count)], dtype=torch.float64),
+            ]
+        ).to(self.device)
+        packed = _all_reduce_sum(packed, self.world.distributed).cpu()
+        n = len(self.classes)
+        matrix = packed[: n * n].round().long().view(n, n)
+        loss = float(packed[-2] / packed[-1]) if packed[-1] > 0 else 0.0
+        return loss, ClassReport(self.classes, matrix)
+
+    def _write_artifacts(self, report: ClassReport) -> None:
+        job_dir = self.job_dir
+        artifacts.save_model(
+            job_dir / artifacts.MODEL_FILE, self.model, self.config, self.classes, self.preprocessing
+        )
+        artifacts.write_metrics(job_dir / artifacts.METRICS_FILE, self.state.history, report.to_dict())
+        if self.state.history:
+            plots.loss_curve(job_dir / "loss_curve.png", self.state.history)
+        plots.confusion_matrix(job_dir / "confusion_matrix.png", report.matrix, self.classes)
+        # Evenly spaced validation images: the split is ordered by class, so this shows many classes.
+        sample = self.val_data.subset(torch.linspace(0, len(self.val_data) - 1, 16).long().unique())
+        if len(sample):
+            predicted = evaluation.evaluate(
+                self.model, sample, self.preprocessing, self.device, 16
+            ).predictions
+            plots.prediction_grid(
+                job_dir / "predictions.png", sample.images, sample.labels, predicted, self.classes
+            )
+        log.info("validation per-class report:\n%s", report.table())
+        log.info("artifacts written to %s", job_dir)
