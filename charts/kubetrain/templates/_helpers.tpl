@@ -96,3 +96,8 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/* The kopf peering object's name: peering.name, else the release's full name. */}}
+{{- define "kubetrain.peeringName" -}}
+{{- default (include "kubetrain.fullname" .) .Values.peering.name }}
+{{- end }}

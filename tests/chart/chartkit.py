@@ -1,0 +1,109 @@
+"""Helpers shared by the chart tests: rendering the chart with helm, and the operator's RBAC needs.
+
+`OPERATOR_NEEDS` is the one list of (API group, resource, verb) the operator and kopf use in a watched
+namespace. The render tests check the chart grants each of them and nothing more; the cluster tests ask
+the API server, with the chart's ServiceAccount token, whether each one is allowed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
+
+OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
+    # The TrainingJob: kopf watches it and patches its bookkeeping annotations; the operator deletes
+    # finished jobs after ttlSecondsAfterFinished and writes status through the status subresource.
+    *(("kubetrain.io", "trainingjobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
+    *(("kubetrain.io", "trainingjobs/status", verb) for verb in ("get", "patch")),
+    # One batch Job per worker: created, deleted on restart/suspend/cleanup, patched when adopted.
+    *(("batch", "jobs", verb) for verb in ("get", "list", "watch", "create", "delete", "patch")),
+    # One headless Service per TrainingJob.
+    *(("", "services", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    # Pods are only read (exit codes, readiness, why Pending); they go away with their Jobs.
+    *(("", "pods", verb) for verb in ("get", "list", "watch")),
+    # Events on every transition, through either events API.
+    *(("", "events", verb) for verb in ("create", "patch")),
+    *(("events.k8s.io", "events", verb) for verb in ("create", "patch")),
+)
+
+CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
+    ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("get", "list", "watch")
+)
+"""Only when watching all namespaces: kopf re-scans CRDs at run time to notice (re)installed resources."""
+
+PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch"))
+PEERING_NEEDS_CLUSTER = tuple(
+    ("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")
+)
+
+FORBIDDEN_RESOURCES = ("secrets", "configmaps", "serviceaccounts", "roles", "rolebindings", "nodes")
+"""What a compromised operator must not reach: credentials, config, identities, RBAC, nodes."""
+
+
+def helm(helm_bin: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
+    """Run helm and return stdout; on failure raise with helm's stderr in the message."""
+    result = subprocess.run(
+        [str(helm_bin), *args], capture_output=True, text=True, timeout=180, check=False, env=env
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result.stdout if check else result.stdout + result.stderr
+
+
+def values_file(directory: Path, values: dict[str, Any]) -> Path:
+    """Write `values` to a file for `helm -f` (exact types, unlike --set's string guessing)."""
+    path = directory / f"values-{len(list(directory.glob('values-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def render(
+    helm_bin: Path,
+    directory: Path,
+    values: dict[str, Any] | None = None,
+    *,
+    release: str = "kt",
+    namespace: str = "kubetrain-system",
+    include_crds: bool = False,
+) -> list[dict[str, Any]]:
+    """The objects `helm template` renders for `values`, as dicts (empty documents dropped)."""
+    args = ["template", release, str(CHART_DIR), "--namespace", namespace]
+    if values:
+        args += ["-f", str(values_file(directory, values))]
+    if include_crds:
+        args.append("--include-crds")
+    return [doc for doc in yaml.safe_load_all(helm(helm_bin, *args)) if doc]
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in objects if obj.get("kind") == kind]
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    matching = of_kind(objects, kind)
+    assert len(matching) == 1, f"expected exactly one {kind}, got {len(matching)}"
+    return matching[0]
+
+
+def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) triple a list of RBAC rules grants, wildcards kept as '*'."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = only(objects, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]

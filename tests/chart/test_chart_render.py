@@ -1,0 +1,381 @@
+"""The chart renders what a platform team can install in a locked-down cluster, and refuses bad values.
+
+Rendering only (`helm lint`, `helm template`): no cluster. What the API server makes of the objects is
+tested in test_chart_cluster.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chartkit import (
+    CHART_DIR,
+    CLUSTER_WIDE_NEEDS,
+    FORBIDDEN_RESOURCES,
+    OPERATOR_NEEDS,
+    PEERING_NEEDS_CLUSTER,
+    PEERING_NEEDS_NAMESPACED,
+    granted,
+    helm,
+    of_kind,
+    only,
+    operator_container,
+    render,
+    values_file,
+)
+
+pytestmark = pytest.mark.unit
+
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+HA = {"replicas": 2, "peering": {"enabled": True}}
+CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
+VALUE_SETS = {
+    "defaults": {},
+    "namespaced": NAMESPACED,
+    "ha-cluster-wide": HA,
+    "ha-namespaced": {**NAMESPACED, **HA},
+    "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_lint_strict_is_clean(helm_bin: Path, tmp_path: Path, values: dict[str, Any]) -> None:
+    """--strict turns every lint warning into a failure, so a clean run means no warnings at all."""
+    args = ["lint", "--strict", str(CHART_DIR)]
+    if values:
+        args += ["-f", str(values_file(tmp_path, values))]
+    output = helm(helm_bin, *args)
+    assert "0 chart(s) failed" in output
+    assert "[WARNING]" not in output and "[ERROR]" not in output
+
+
+def test_default_install_watches_all_namespaces_with_one_cluster_role(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path)
+    assert not of_kind(objects, "Role") and not of_kind(objects, "RoleBinding")
+    role = only(objects, "ClusterRole")
+    binding = only(objects, "ClusterRoleBinding")
+    account = only(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "kubetrain-system"}
+    ]
+    assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS)
+    args = operator_container(objects)["args"]
+    assert "--all-namespaces" in args
+    assert not [arg for arg in args if arg.startswith("--namespace")]
+
+
+def test_watch_namespaces_get_one_role_each_and_nothing_cluster_scoped(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    objects = render(helm_bin, tmp_path, NAMESPACED)
+    assert not [obj["kind"] for obj in objects if obj["kind"] in CLUSTER_SCOPED_KINDS]
+    roles = of_kind(objects, "Role")
+    bindings = of_kind(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for role in roles:
+        assert granted(role["rules"]) == set(OPERATOR_NEEDS)
+    account = only(objects, "ServiceAccount")["metadata"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+    args = operator_container(objects)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_no_rule_reaches_secrets_or_uses_wildcards_or_escalation(
+    helm_bin: Path, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    objects = render(helm_bin, tmp_path, values)
+    rules = [rule for obj in objects if obj["kind"] in {"Role", "ClusterRole"} for rule in obj["rules"]]
+    assert rules, "no RBAC rules rendered"
+    for group, resource, verb in granted(rules):
+        assert "*" not in (group, resource, verb), (group, resource, verb)
+        assert resource.split("/")[0] not in FORBIDDEN_RESOURCES, (group, resource, verb)
+        assert verb not in {"escalate", "bind", "impersonate", "deletecollection"}, (group, resource, verb)
+    assert not [rule for rule in rules if "nonResourceURLs" in rule or "resourceNames" in rule]
+
+
+def test_peering_is_off_by_default_and_its_crds_are_not_installed(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path, include_crds=True)
+    assert not [o for o in objects if o["kind"] in {"KopfPeering", "ClusterKopfPeering"}]
+    assert not [
+        o for o in of_kind(objects, "CustomResourceDefinition") if "kopf.dev" in o["metadata"]["name"]
+    ]
+    assert "--standalone" in operator_container(objects)["args"]
+    assert only(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_cluster_wide_peering_ships_crds_cluster_peering_and_its_rbac(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path, HA, include_crds=True)
+    crds = {o["metadata"]["name"] for o in of_kind(objects, "CustomResourceDefinition")}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= crds
+    peering = only(objects, "ClusterKopfPeering")
+    assert f"--peering={peering['metadata']['name']}" in operator_container(objects)["args"]
+    assert peering["metadata"]["name"] == "kt-kubetrain"
+    assert set(PEERING_NEEDS_CLUSTER) <= granted(only(objects, "ClusterRole")["rules"])
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    env = {e["name"]: e for e in operator_container(objects)["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_namespaced_peering_puts_a_peering_and_its_rbac_in_each_watched_namespace(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    objects = render(helm_bin, tmp_path, {**NAMESPACED, **HA, "peering": {"enabled": True, "name": "ops"}})
+    peerings = of_kind(objects, "KopfPeering")
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("team-a", "ops"),
+        ("team-b", "ops"),
+    ]
+    assert not of_kind(objects, "ClusterKopfPeering")
+    for role in of_kind(objects, "Role"):
+        assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(PEERING_NEEDS_NAMESPACED)
+    assert "--peering=ops" in operator_container(objects)["args"]
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+
+
+def test_liveness_probe_targets_the_port_kopf_serves_liveness_on(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path, {"liveness": {"port": 8181}})
+    container = operator_container(objects)
+    assert "--liveness=http://0.0.0.0:8181/healthz" in container["args"]
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["path"] == "/healthz"
+    assert ports[probe["port"]] == 8181
+
+
+def test_metrics_service_selects_the_operator_pod_and_its_metrics_port(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    objects = render(
+        helm_bin,
+        tmp_path,
+        {
+            "metrics": {
+                "enabled": True,
+                "port": 9300,
+                "service": {"type": "ClusterIP", "port": 9301},
+                "serviceMonitor": {"enabled": False},
+            }
+        },
+    )
+    service = only(objects, "Service")
+    pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9301, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    container = operator_container(objects)
+    assert {"name": "metrics", "containerPort": 9300, "protocol": "TCP"} in container["ports"]
+    assert "--metrics-port=9300" in container["args"]
+    assert not of_kind(objects, "ServiceMonitor")
+
+
+def test_service_monitor_is_optional_and_scrapes_the_metrics_service(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin, tmp_path, VALUE_SETS["servicemonitor"])
+    monitor = only(objects, "ServiceMonitor")
+    service = only(objects, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kubetrain-system"]}
+
+
+def test_disabling_metrics_removes_the_service_port_and_flag(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(
+        helm_bin,
+        tmp_path,
+        {
+            "metrics": {
+                "enabled": False,
+                "port": 9090,
+                "service": {"type": "ClusterIP", "port": 9090},
+                "serviceMonitor": {"enabled": True},
+            }
+        },
+    )
+    assert not of_kind(objects, "Service") and not of_kind(objects, "ServiceMonitor")
+    container = operator_container(objects)
+    assert not [a for a in container["args"] if a.startswith("--metrics-port")]
+    assert "metrics" not in {p["name"] for p in container["ports"]}
+
+
+def test_images_are_pinned_and_the_trainer_image_is_the_operator_default(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    container = operator_container(render(helm_bin, tmp_path))
+    assert container["image"].startswith("ghcr.io/kubetrain/kubetrain-operator:")
+    assert not container["image"].endswith(":latest")
+    default_image = [a for a in container["args"] if a.startswith("--default-image=")]
+    assert default_image == ["--default-image=ghcr.io/kubetrain/kubetrain-trainer:0.1.0"]
+
+    digest = "sha256:" + "a" * 64
+    pinned = operator_container(
+        render(
+            helm_bin,
+            tmp_path,
+            {
+                "image": {
+                    "operator": {"repository": "registry.example/op", "tag": "1.2.3", "digest": digest},
+                    "trainer": {"repository": "registry.example/tr", "tag": "1.2.3"},
+                }
+            },
+        )
+    )
+    assert pinned["image"] == f"registry.example/op@{digest}"
+    assert "--default-image=registry.example/tr:1.2.3" in pinned["args"]
+
+
+def test_log_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(
+        helm_bin,
+        tmp_path,
+        {
+            "logLevel": "debug",
+            "logFormat": "text",
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"][0]["key"] == "dedicated"
+    assert "nodeAffinity" in pod["affinity"]
+    args = operator_container(objects)["args"]
+    assert "--log-level=debug" in args and "--log-format=text" in args
+
+
+BAD_VALUES = {
+    "unknown top-level key": ({"watchNamespace": ["a"]}, "watchNamespace"),
+    "unknown nested key": (
+        {
+            "metrics": {
+                "enabled": True,
+                "port": 1,
+                "service": {"type": "ClusterIP", "port": 1},
+                "serviceMonitor": {"enabled": False},
+                "prot": 2,
+            }
+        },
+        "prot",
+    ),
+    "latest tag": (
+        {
+            "image": {
+                "operator": {"repository": "r/op", "tag": "latest"},
+                "trainer": {"repository": "r/tr", "tag": "1"},
+            }
+        },
+        "/image/operator/tag",
+    ),
+    "bad log level": ({"logLevel": "verbose"}, "/logLevel"),
+    "bad log format": ({"logFormat": "xml"}, "/logFormat"),
+    "invalid namespace name": ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+    "privilege escalation": (
+        {
+            "securityContext": {
+                "allowPrivilegeEscalation": True,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }
+        },
+        "/securityContext/allowPrivilegeEscalation",
+    ),
+    "writable root": (
+        {
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
+        },
+        "/securityContext/readOnlyRootFilesystem",
+    ),
+    "bad digest": (
+        {
+            "image": {
+                "operator": {"repository": "r/op", "tag": "1", "digest": "md5:00"},
+                "trainer": {"repository": "r/tr", "tag": "1"},
+            }
+        },
+        "/image/operator/digest",
+    ),
+    "replicas as string": ({"replicas": "2"}, "/replicas"),
+    "bad port": ({"liveness": {"port": 70000}}, "/liveness/port"),
+}
+
+
+@pytest.mark.parametrize(("values", "field"), BAD_VALUES.values(), ids=BAD_VALUES.keys())
+def test_schema_refuses_bad_values_naming_the_field(
+    helm_bin: Path, tmp_path: Path, values: dict[str, Any], field: str
+) -> None:
+    args = ["template", "kt", str(CHART_DIR), "-f", str(values_file(tmp_path, values))]
+    output = helm(helm_bin, *args, check=False)
+    assert "values don't meet the specifications of the schema" in output, output
+    assert field in output, output
+
+
+def test_several_replicas_without_peering_are_refused(helm_bin: Path, tmp_path: Path) -> None:
+    """Without peering every replica would reconcile every job: double Jobs, double restarts."""
+    output = helm(
+        helm_bin,
+        "template",
+        "kt",
+        str(CHART_DIR),
+        "-f",
+        str(values_file(tmp_path, {"replicas": 2})),
+        check=False,
+    )
+    assert "replicas > 1 needs peering.enabled=true" in output
+
+
+def test_every_object_carries_the_release_labels(helm_bin: Path, tmp_path: Path) -> None:
+    """`kubectl get ... -l app.kubernetes.io/instance=<release>` must find everything the chart made."""
+    for values in VALUE_SETS.values():
+        for obj in render(helm_bin, tmp_path, values):
+            labels = obj["metadata"].get("labels", {})
+            assert labels.get("app.kubernetes.io/instance") == "kt", obj["kind"]
+            assert labels.get("app.kubernetes.io/managed-by") == "Helm", obj["kind"]
