@@ -1,0 +1,294 @@
+"""Pure builders for a TrainingJob's children: `build_*(...) -> dict` manifests, no API calls.
+
+Children: one headless Service (stable DNS for the workers) and, per restart attempt, one batch Job per
+worker (completions 1, parallelism 1, backoffLimit 0: restarts belong to the operator, for the whole
+group). Each pod's hostname is its Job's name and its subdomain the Service's, so worker i is reachable
+at `<base>-r<attempt>-w<i>.<base>.<namespace>.svc` as soon as its pod exists (publishNotReadyAddresses).
+
+Worker environment (see kubetrain_trainer.contract):
+
+- WORLD_SIZE is the total number of training processes, workers x nprocPerWorker, never the number of
+  nodes (PET_NNODES is that);
+- RANK is the worker's first global rank, NODE_RANK x nprocPerWorker (torchrun overwrites RANK and
+  LOCAL_RANK per process; with one process per worker RANK is the process's rank and LOCAL_RANK is 0);
+- MASTER_ADDR/MASTER_PORT point at worker 0; PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+  PET_MASTER_ADDR, PET_MASTER_PORT carry the same facts in the form torchrun reads as defaults;
+- KUBETRAIN_JOB_NAME and KUBETRAIN_RESTART_ATTEMPT key checkpoints; KUBETRAIN_TRAINER_CONFIG holds the
+  built-in trainer's config as JSON; KUBETRAIN_POD_NAME/NAMESPACE come from the downward API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from kubetrain_trainer import contract
+
+from kubetrain_operator import api, constants, names
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The TrainingJob a child belongs to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Everything a builder needs: the owner, its validated spec, the attempt and operator defaults."""
+
+    owner: Owner
+    spec: api.TrainingJobSpec
+    restart_attempt: int = 0
+    default_image: str = "kubetrain:latest"
+
+
+RESTRICTED_POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Pod securityContext passing the `restricted` Pod Security Standard; uid/gid 1000 own written files."""
+
+RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+SHM_VOLUME = "dshm"
+"""A memory-backed /dev/shm: the container default (64 MiB) breaks DataLoader workers and NCCL."""
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    """Controller reference: deleting the TrainingJob deletes the child through the garbage collector."""
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(job_name: str) -> dict[str, str]:
+    """Labels selecting every child (and pod) of a TrainingJob."""
+    return {constants.LABEL_JOB_NAME: names.job_label_value(job_name)}
+
+
+def worker_labels(job_name: str, restart_attempt: int, index: int) -> dict[str, str]:
+    return {
+        **selector_labels(job_name),
+        constants.LABEL_WORKER_INDEX: str(index),
+        constants.LABEL_RESTART_ATTEMPT: str(restart_attempt),
+        constants.LABEL_ROLE: "master" if index == 0 else "worker",
+        constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
+    }
+
+
+def _metadata(ctx: Context, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ctx.owner.namespace,
+        "labels": labels,
+        "annotations": {constants.ANNOTATION_JOB_NAME: ctx.owner.name},
+        "ownerReferences": [owner_reference(ctx.owner)],
+    }
+
+
+def build_service(ctx: Context) -> dict[str, Any]:
+    """The headless Service giving workers DNS names before they are ready (rendezvous needs that)."""
+    port = ctx.spec.master_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(
+            ctx,
+            names.service_name(ctx.owner.name),
+            {**selector_labels(ctx.owner.name), constants.LABEL_MANAGED_BY: constants.MANAGED_BY},
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(ctx.owner.name),
+            "ports": [
+                {"name": constants.SERVICE_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
+    """The env contract of worker `index`, then the user's env (which may refer to it as $(RANK))."""
+    spec = ctx.spec
+    nproc = spec.procs_per_worker()
+    master = names.worker_dns(ctx.owner.name, ctx.owner.namespace, ctx.restart_attempt, 0)
+    port = str(spec.master_port)
+    values: list[tuple[str, str]] = [
+        (contract.MASTER_ADDR, master),
+        (contract.MASTER_PORT, port),
+        (contract.WORLD_SIZE, str(spec.world_size())),
+        (contract.RANK, str(index * nproc)),
+        (contract.NODE_RANK, str(index)),
+        (contract.LOCAL_WORLD_SIZE, str(nproc)),
+    ]
+    if nproc == 1:
+        values.append((contract.LOCAL_RANK, "0"))
+    values += [
+        (contract.PET_NNODES, str(spec.workers)),
+        (contract.PET_NPROC_PER_NODE, str(nproc)),
+        (contract.PET_NODE_RANK, str(index)),
+        (contract.PET_MASTER_ADDR, master),
+        (contract.PET_MASTER_PORT, port),
+        (contract.JOB_NAME, ctx.owner.name),
+        (contract.RESTART_ATTEMPT, str(ctx.restart_attempt)),
+    ]
+    if spec.trainer is not None:
+        values.append(
+            (contract.TRAINER_CONFIG, json.dumps(spec.trainer.model_dump(mode="json"), separators=(",", ":")))
+        )
+    values.append(("PYTHONUNBUFFERED", "1"))
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values]
+    env += [
+        {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    for var in spec.env or ():
+        env.append(var.model_dump(by_alias=True, exclude_none=True))
+    return env
+
+
+def worker_command(spec: api.TrainingJobSpec) -> tuple[list[str], list[str] | None]:
+    """Container command and args: the built-in trainer or the user's program, under torchrun or not."""
+    if spec.trainer is not None:
+        if spec.procs_per_worker() > 1:
+            return ["torchrun", "--no-python", "kubetrain", "train"], None
+        return ["kubetrain", "train"], None
+    assert spec.command is not None  # the spec validator guarantees trainer xor command
+    if spec.launcher == "torchrun":
+        return ["torchrun", "--no-python", *spec.command], list(spec.args) if spec.args else None
+    return list(spec.command), list(spec.args) if spec.args else None
+
+
+def worker_resources(spec: api.TrainingJobSpec) -> dict[str, Any]:
+    """requests/limits; a GPU request without a limit gets the same limit (extended resources need one)."""
+    if spec.resources is None:
+        return {}
+    out: dict[str, Any] = {}
+    requests = dict(spec.resources.requests or {})
+    limits = dict(spec.resources.limits or {})
+    if constants.GPU_RESOURCE in requests and constants.GPU_RESOURCE not in limits:
+        limits[constants.GPU_RESOURCE] = requests[constants.GPU_RESOURCE]
+    if requests:
+        out["requests"] = {k: str(v) for k, v in requests.items()}
+    if limits:
+        out["limits"] = {k: str(v) for k, v in limits.items()}
+    return out
+
+
+def worker_volumes(spec: api.TrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container volumeMounts) for spec.storage plus the shared-memory volume."""
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    for vol in spec.storage or ():
+        name = f"data-{vol.name}"
+        volume: dict[str, Any] = {"name": name}
+        read_only = False
+        if vol.persistent_volume_claim is not None:
+            read_only = vol.persistent_volume_claim.read_only
+            volume["persistentVolumeClaim"] = {"claimName": vol.persistent_volume_claim.claim_name}
+            if read_only:
+                volume["persistentVolumeClaim"]["readOnly"] = True
+        elif vol.host_path is not None:
+            volume["hostPath"] = {"path": vol.host_path.path}
+            if vol.host_path.type:
+                volume["hostPath"]["type"] = vol.host_path.type
+        elif vol.empty_dir is not None:
+            volume["emptyDir"] = {}
+            if vol.empty_dir.medium:
+                volume["emptyDir"]["medium"] = vol.empty_dir.medium
+            if vol.empty_dir.size_limit is not None:
+                volume["emptyDir"]["sizeLimit"] = str(vol.empty_dir.size_limit)
+        volumes.append(volume)
+        mount: dict[str, Any] = {"name": name, "mountPath": vol.mount_path}
+        if vol.sub_path:
+            mount["subPath"] = vol.sub_path
+        if read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
+    spec = ctx.spec
+    job_name = names.worker_job_name(ctx.owner.name, ctx.restart_attempt, index)
+    command, args = worker_command(spec)
+    volumes, mounts = worker_volumes(spec)
+    container: dict[str, Any] = {
+        "name": constants.CONTAINER_NAME,
+        "image": spec.image or ctx.default_image,
+        "command": command,
+        "env": worker_env(ctx, index),
+        "ports": [
+            {"name": constants.SERVICE_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}
+        ],
+        "volumeMounts": mounts,
+        "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if args:
+        container["args"] = args
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    resources = worker_resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": job_name,
+        "subdomain": names.service_name(ctx.owner.name),
+        "enableServiceLinks": False,
+        "securityContext": dict(RESTRICTED_POD_SECURITY),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    optional = {
+        "nodeSelector": spec.node_selector,
+        "tolerations": spec.tolerations,
+        "affinity": spec.affinity,
+        "priorityClassName": spec.priority_class_name,
+        "schedulerName": spec.scheduler_name,
+        "serviceAccountName": spec.service_account_name,
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    labels = {**(spec.pod_labels or {}), **worker_labels(ctx.owner.name, ctx.restart_attempt, index)}
+    annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+
+
+def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:
+    """Worker `index`'s batch Job for `ctx.restart_attempt`: one pod, never retried by the Job controller."""
+    name = names.worker_job_name(ctx.owner.name, ctx.restart_attempt, index)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(ctx, name, worker_labels(ctx.owner.name, ctx.restart_attempt, index)),
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": 0,
+            "template": build_pod_template(ctx, index),
+        },
+    }
+
+
+def build_worker_jobs(ctx: Context) -> list[dict[str, Any]]:
+    return [build_worker_job(ctx, i) for i in range(ctx.spec.workers)]

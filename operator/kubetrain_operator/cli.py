@@ -1,0 +1,127 @@
+"""`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
+
+    kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
+                       [--liveness URL] [--peering NAME --priority N] [--posting-level LEVEL]
+    kubetrain crds [--check] [--root DIR]
+    kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
+    kubetrain run ...                      (reserved: local mode, not implemented yet)
+
+The trainer subcommands are delegated before argparse sees them, with argv starting at the subcommand
+word, and import the trainer lazily so the operator never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+TRAINER_COMMANDS = ("train", "evaluate", "predict")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from kubetrain_operator.main import Options
+
+    env = Options.from_env()
+    parser = argparse.ArgumentParser(prog="kubetrain", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    op = sub.add_parser("operator", help="run the TrainingJob operator")
+    scope = op.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        dest="namespaces",
+        default=None,
+        help="namespace (or glob pattern) to watch; repeatable. Env KUBETRAIN_NAMESPACES (comma-separated). "
+        "Default: $POD_NAMESPACE or 'default'.",
+    )
+    scope.add_argument(
+        "--all-namespaces",
+        "-A",
+        action="store_true",
+        default=env.all_namespaces,
+        help="watch every namespace",
+    )
+    op.add_argument(
+        "--default-image", default=env.default_image, help="image for TrainingJobs without spec.image"
+    )
+    op.add_argument("--metrics-port", type=int, default=env.metrics_port, help="Prometheus port; 0 disables")
+    op.add_argument(
+        "--liveness",
+        default=env.liveness or "",
+        help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz",
+    )
+    op.add_argument("--peering", default=env.peering, help="kopf peering name for HA; default standalone")
+    op.add_argument("--priority", type=int, default=env.priority, help="peering priority of this replica")
+    op.add_argument(
+        "--posting-level", default=env.posting_level, help="kopf log level posted as k8s Events (WARNING)"
+    )
+    op.add_argument("--workers", type=int, default=env.workers, help="threads for sync handlers")
+    op.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=env.resync_seconds,
+        help="reconcile unfinished jobs this often",
+    )
+
+    crds = sub.add_parser("crds", help="generate the CRD from the API models (or --check for drift)")
+    crds.add_argument("--check", action="store_true", help="fail when checked-in CRD files differ")
+    crds.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: cwd)")
+    crds.add_argument("--stdout", action="store_true", help="print the CRD instead of writing files")
+
+    for name in TRAINER_COMMANDS:
+        sub.add_parser(name, help=f"trainer: {name} (see `kubetrain {name} --help`)", add_help=False)
+    sub.add_parser("run", help="reserved: run a TrainingJob locally (not implemented yet)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TRAINER_COMMANDS:
+        from kubetrain_trainer import cli as trainer_cli  # lazy: imports torch
+
+        return int(trainer_cli.main(argv) or 0)
+
+    args = _parser().parse_args(argv)
+    if args.command == "crds":
+        from kubetrain_operator import crdgen
+
+        if args.stdout:
+            sys.stdout.write(crdgen.render())
+            return 0
+        if args.check:
+            stale = crdgen.drifted(args.root)
+            for path in stale:
+                print(f"CRD out of date: {path} (run `kubetrain crds`)", file=sys.stderr)
+            return 1 if stale else 0
+        for path in crdgen.write(args.root):
+            print(f"wrote {path}")
+        return 0
+    if args.command == "operator":
+        from kubetrain_operator.main import Options, run
+
+        env = Options.from_env()
+        options = Options(
+            namespaces=args.namespaces or env.namespaces,
+            all_namespaces=args.all_namespaces,
+            default_image=args.default_image,
+            metrics_port=args.metrics_port,
+            liveness=args.liveness or None,
+            peering=args.peering,
+            priority=args.priority,
+            posting_level=args.posting_level,
+            workers=args.workers,
+            resync_seconds=args.resync_seconds,
+        )
+        run(options)
+        return 0
+    if args.command == "run":
+        print("kubetrain run: local mode is not implemented yet", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""API coordinates, label keys and fixed names shared by every layer of the operator."""
+
+GROUP = "kubetrain.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj",)
+CATEGORIES = ("kubetrain",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Labels on every child (Service, Jobs, their pods). Values are label-safe (<= 63 chars), see names.py.
+LABEL_JOB_NAME = "kubetrain.io/job-name"
+"""The owning TrainingJob's name (hashed when longer than 63 characters); selects all children."""
+LABEL_WORKER_INDEX = "kubetrain.io/worker-index"
+"""The worker's index in the group, 0 being the master (Jobs and pods only)."""
+LABEL_RESTART_ATTEMPT = "kubetrain.io/restart-attempt"
+"""The restart attempt that created the Job (0 for the first run; Jobs and pods only)."""
+LABEL_ROLE = "kubetrain.io/role"
+"""'master' for worker 0, 'worker' for the others."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kubetrain"
+
+RESERVED_LABEL_PREFIX = "kubetrain.io/"
+
+ANNOTATION_JOB_NAME = "kubetrain.io/job-full-name"
+"""The owning TrainingJob's full name, for humans when the label had to be hashed."""
+
+CONTAINER_NAME = "worker"
+"""Name of the one container in every worker pod; the operator reads its exit code."""
+DEFAULT_MASTER_PORT = 29500
+SERVICE_PORT_NAME = "rendezvous"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+FIELD_MANAGER = "kubetrain-operator"

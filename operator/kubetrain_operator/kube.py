@@ -1,0 +1,170 @@
+"""A small synchronous Kubernetes REST client working on plain dicts.
+
+It borrows authentication and TLS from the official `kubernetes` client (kubeconfig or in-cluster
+service account, with token refresh) but speaks raw JSON, so manifests built by `builders` go out as they
+are and objects come back exactly as the API server wrote them. Sync on purpose: the operator calls it
+from kopf's thread pool and its own scheduler threads, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from kubetrain_operator import constants
+
+JOB_PATHS = {
+    "Job": ("/apis/batch/v1", "jobs"),
+    "Service": ("/api/v1", "services"),
+    "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
+    constants.KIND: (f"/apis/{constants.GROUP}/{constants.VERSION}", constants.PLURAL),
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, reason: str, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body or {}
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def invalid(self) -> bool:
+        """The request itself is wrong (422 Invalid, 400 BadRequest): retrying cannot help."""
+        return self.status in (400, 422)
+
+
+def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    prefix, plural = JOB_PATHS[kind]
+    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    if name:
+        out += f"/{quote(name)}"
+    if subresource:
+        out += f"/{subresource}"
+    return out
+
+
+class Kube:
+    """The operations the operator needs, on dicts."""
+
+    def __init__(self, api_client: Any = None, request_timeout: float = 30.0) -> None:
+        if api_client is None:
+            api_client = make_api_client()
+        self._client = api_client
+        self._timeout = request_timeout
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        _, full_url, headers, serialized, _ = self._client.param_serialize(
+            method=method,
+            resource_path=url,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._client.call_api(
+                method, full_url, header_params=headers, body=serialized, _request_timeout=self._timeout
+            )
+            response.read()
+        except ApiException as exc:  # transport-level failures surface as status 0
+            raise ApiError(exc.status or 0, exc.reason or "Error", str(exc)) from exc
+        data = response.data or b"{}"
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            payload = {"message": data.decode(errors="replace")}
+        if not 200 <= response.status < 300:
+            raise ApiError(
+                response.status,
+                payload.get("reason") or str(response.reason),
+                payload.get("message", ""),
+                payload,
+            )
+        return payload
+
+    # --- objects
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path(kind, namespace, name))
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        answer = self.request("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
+        return answer.get("items") or []
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        namespace = manifest["metadata"]["namespace"]
+        return self.request(
+            "POST",
+            path(manifest["kind"], namespace),
+            query=[("fieldManager", constants.FIELD_MANAGER)],
+            body=manifest,
+        )
+
+    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
+        try:
+            self.request(
+                "DELETE",
+                path(kind, namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+            )
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Merge-patch the TrainingJob's status subresource; with resource_version, fail on a stale read."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.request(
+            "PATCH",
+            path(constants.KIND, namespace, name, "status"),
+            query=[("fieldManager", constants.FIELD_MANAGER)],
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
+
+def make_api_client() -> Any:
+    """An ApiClient from the in-cluster service account, else from the kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()

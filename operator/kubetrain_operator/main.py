@@ -1,0 +1,132 @@
+"""Operator runtime: options, kopf settings (all in one @kopf.on.startup), and `run`.
+
+Options come from CLI flags with environment fallbacks (for the Deployment):
+
+- namespaces: `--namespace NS` (repeatable; env KUBETRAIN_NAMESPACES, comma-separated; kopf glob
+  patterns allowed) or `--all-namespaces` (env KUBETRAIN_ALL_NAMESPACES=true); default: the namespace in
+  env POD_NAMESPACE, else `default`;
+- `--default-image` (env KUBETRAIN_DEFAULT_IMAGE): the image of TrainingJobs without spec.image;
+- `--metrics-port` (env KUBETRAIN_METRICS_PORT, default 8080, 0 disables): Prometheus /metrics;
+- `--liveness` (env KUBETRAIN_LIVENESS, default http://0.0.0.0:8081/healthz, empty disables);
+- `--peering NAME` (env KUBETRAIN_PEERING): kopf peering for HA replicas (needs kopf's peering CRDs and a
+  distinct `--priority` per replica, or equal-priority replicas all pause); default standalone;
+- `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
+  become Events on the TrainingJob (the operator posts its own transition Events regardless);
+- `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from kubetrain_operator import constants, kube, reconcile
+from kubetrain_operator.controller import Controller
+from kubetrain_operator.metrics import Metrics
+
+logger = logging.getLogger("kubetrain.operator")
+
+
+@dataclasses.dataclass
+class Options:
+    namespaces: list[str] = dataclasses.field(default_factory=list)
+    all_namespaces: bool = False
+    default_image: str = "kubetrain:latest"
+    metrics_port: int = 8080
+    liveness: str | None = "http://0.0.0.0:8081/healthz"
+    peering: str | None = None
+    priority: int = 0
+    posting_level: str = "WARNING"
+    workers: int = 16
+    resync_seconds: float = reconcile.RESYNC_SECONDS
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Options:
+        env = dict(os.environ if env is None else env)
+        namespaces = [n.strip() for n in env.get("KUBETRAIN_NAMESPACES", "").split(",") if n.strip()]
+        return cls(
+            namespaces=namespaces,
+            all_namespaces=env.get("KUBETRAIN_ALL_NAMESPACES", "").lower() in ("1", "true", "yes"),
+            default_image=env.get("KUBETRAIN_DEFAULT_IMAGE", cls.default_image),
+            metrics_port=int(env.get("KUBETRAIN_METRICS_PORT", cls.metrics_port)),
+            liveness=env.get("KUBETRAIN_LIVENESS", cls.liveness) or None,
+            peering=env.get("KUBETRAIN_PEERING") or None,
+            priority=int(env.get("KUBETRAIN_PRIORITY", 0)),
+            posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
+            workers=int(env.get("KUBETRAIN_WORKERS", cls.workers)),
+        )
+
+    def watched_namespaces(self) -> list[str]:
+        if self.all_namespaces:
+            return []
+        return self.namespaces or [os.environ.get("POD_NAMESPACE", "default")]
+
+
+_state: dict[str, Options] = {"options": Options()}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Every kopf setting in one place, each with the reason for its value."""
+    options = _state["options"]
+    # Handler progress and the last-handled spec go in annotations under our own prefix (status.kopf
+    # would be pruned by the structural schema); the spec is bounded by the CRD, so they stay small.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=constants.GROUP, key="last-handled-configuration"
+    )
+    # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
+    settings.posting.level = logging.getLevelName(options.posting_level.upper())
+    # Sync handlers block a thread each while they call the API: size the pool for many jobs.
+    settings.execution.executor = concurrent.futures.ThreadPoolExecutor(max_workers=options.workers)
+    # Watch only our children server-side, never every pod in the cluster.
+    settings.watching.label_selectors["batch", "v1", "jobs"] = constants.LABEL_JOB_NAME
+    settings.watching.label_selectors["", "v1", "pods"] = constants.LABEL_JOB_NAME
+    # Re-open watches regularly so a silently dead connection cannot stall the operator.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.peering.priority = options.priority
+
+    controller = Controller(
+        kube.Kube(),
+        reconcile.Defaults(image=options.default_image, resync_seconds=options.resync_seconds),
+        Metrics.create(),
+    )
+    controller.start()
+    if options.metrics_port:
+        controller.metrics.serve(options.metrics_port)
+    memo["controller"] = controller
+    logger.info(
+        "kubetrain operator watching %s",
+        "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
+    )
+
+
+@kopf.on.cleanup()
+def shutdown(memo: Any, **_: Any) -> None:
+    controller = memo.get("controller")
+    if controller is not None:
+        controller.stop()
+
+
+def run(options: Options) -> None:
+    """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
+    _state["options"] = options
+    from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=False)
+    kopf.run(
+        clusterwide=options.all_namespaces,
+        namespaces=options.watched_namespaces(),
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        priority=options.priority,
+        liveness_endpoint=options.liveness,
+        memo=kopf.Memo(),
+    )

@@ -1,0 +1,369 @@
+"""The reconcile planner: TrainingJob + observed children + now -> a Plan of actions. Pure.
+
+Level-based: every call derives what should exist from the spec, the previous status (which records the
+decisions already taken: restart attempt, restarts, start and completion times) and what exists, so the
+shell can run it after any crash. The shell executes a plan in this order: status patch first (so a
+decision such as "restart attempt 2" is durable before its effects), then deletions, then creations
+(which tolerate 409 AlreadyExists), then events.
+
+Restart protocol: a failure bumps status.restartAttempt and deletes the old attempt's Jobs (Foreground,
+so their pods go first); the new attempt's Jobs (new names) are created once the old Jobs are gone, or
+after STALE_GRACE_SECONDS when a pod is stuck terminating on a lost node. Suspend deletes every worker
+Job and bumps the attempt the same way, without counting a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+import pydantic
+
+from kubetrain_operator import api, builders, failure, names, observe
+from kubetrain_operator import status as st
+
+STALE_GRACE_SECONDS = 120.0
+"""How long to wait for an old attempt's Jobs to disappear before starting the next attempt anyway."""
+RESYNC_SECONDS = 60.0
+"""Reconcile an unfinished job at least this often, even without events."""
+WAIT_SECONDS = 2.0
+"""Requeue delay while waiting for deletions to finish."""
+
+Propagation = Literal["Foreground", "Background"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Deletion:
+    kind: Literal["Job", "Service"]
+    name: str
+    propagation: Propagation = "Background"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class Observed:
+    """The TrainingJob and its children as read from the API (children already filtered by owner uid)."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    generation: int | None = None
+    service: Mapping[str, Any] | None = None
+    jobs: Sequence[Mapping[str, Any]] = ()
+    pods: Sequence[Mapping[str, Any]] = ()
+
+    @classmethod
+    def from_objects(
+        cls,
+        body: Mapping[str, Any],
+        *,
+        service: Mapping[str, Any] | None,
+        jobs: Sequence[Mapping[str, Any]],
+        pods: Sequence[Mapping[str, Any]],
+    ) -> Observed:
+        meta = body.get("metadata", {})
+        uid = meta.get("uid", "")
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace", "default"),
+            uid=uid,
+            spec=body.get("spec") or {},
+            status=body.get("status") or {},
+            generation=meta.get("generation"),
+            service=service if service is None or observe.owned_by(service, uid) else None,
+            jobs=[j for j in jobs if observe.owned_by(j, uid)],
+            pods=list(pods),
+        )
+
+
+@dataclasses.dataclass
+class Plan:
+    status: dict[str, Any]
+    """The complete new status; the shell writes it when it differs from the stored one."""
+    create: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    delete: list[Deletion] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
+    delete_self: bool = False
+    """ttlSecondsAfterFinished has passed: delete the TrainingJob."""
+    requeue_after: float | None = None
+    """Reconcile again after this many seconds even without events (deadline, TTL, waiting)."""
+    transitions: list[str] = dataclasses.field(default_factory=list)
+    """Phase-level happenings for metrics: created, restarted, succeeded, failed."""
+
+    def status_changed(self, stored: Mapping[str, Any]) -> bool:
+        return st.normalised(dict(stored)) != st.normalised(self.status)
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """Operator-level configuration the planner needs."""
+
+    image: str = "kubetrain:latest"
+    stale_grace_seconds: float = STALE_GRACE_SECONDS
+    resync_seconds: float = RESYNC_SECONDS
+
+
+def spec_error(exc: pydantic.ValidationError) -> str:
+    """The first validation error as `spec.<field>: <message>`."""
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if not str(p).startswith("function-"))
+        msg = err.get("msg", "invalid")
+        parts.append(f"spec.{loc}: {msg}" if loc else f"spec: {msg}")
+    return "; ".join(parts)
+
+
+def _seconds_between(a: datetime, b: datetime) -> float:
+    return (b - a).total_seconds()
+
+
+def _is_deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(obj.get("metadata", {}).get("deletionTimestamp"))
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return obj["metadata"]["name"]
+
+
+def _cleanup(
+    policy: str,
+    workers: Sequence[observe.Worker],
+    jobs: Sequence[Mapping[str, Any]],
+    service: Any,
+    job_name: str,
+) -> list[Deletion]:
+    """What cleanPodPolicy removes once the job finished (or is failing)."""
+    if policy == "None":
+        return []
+    out = []
+    running = {w.job_name for w in workers if w.phase in ("pending", "running", "missing")}
+    for job in jobs:
+        if _is_deleting(job):
+            continue
+        if policy == "All" or _name(job) in running or observe.worker_key(job) is None:
+            out.append(Deletion("Job", _name(job), "Background"))
+    if policy == "All" and service is not None and not _is_deleting(service):
+        out.append(Deletion("Service", names.service_name(job_name), "Background"))
+    return out
+
+
+def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
+    """Decide everything one reconcile of `obs` should do."""
+    status: dict[str, Any] = copy.deepcopy(dict(obs.status))
+    status["observedGeneration"] = obs.generation
+    attempt = int(status.get("restartAttempt") or 0)
+    restarts = int(status.get("restarts") or 0)
+    status.setdefault("restartAttempt", attempt)
+    status.setdefault("restarts", restarts)
+    out = Plan(status=status)
+    phase = status.get("phase")
+
+    # 1. An invalid spec (the CRD's rules were bypassed or the trainer's own checks refuse it) fails the job.
+    try:
+        spec = api.TrainingJobSpec.model_validate(dict(obs.spec))
+    except pydantic.ValidationError as exc:
+        message = f"invalid spec: {spec_error(exc)}"
+        if phase != "Failed":
+            st.enter_phase(status, "Failed", "InvalidSpec", message, now)
+            status["completionTime"] = st.timestamp(now)
+            out.events.append(Event("Warning", "InvalidSpec", message))
+            out.transitions.append("failed")
+        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
+        return out
+
+    workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
+    stale = observe.stale_jobs(attempt, obs.jobs)
+    st.record_progress(status, observe.read_progress(obs.pods, attempt))
+
+    # 2. Finished: clean up, then wait for the TTL.
+    if phase in api.TERMINAL_PHASES:
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += [
+            Deletion("Job", _name(j))
+            for j in stale
+            if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
+        ]
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        finished = observe.parse_time(status.get("completionTime"))
+        if ttl is not None and finished is not None:
+            left = ttl - _seconds_between(finished, now)
+            if left <= 0:
+                out.delete_self = True
+                out.events.append(Event("Normal", "Deleting", f"ttlSecondsAfterFinished ({ttl}s) has passed"))
+            else:
+                out.requeue_after = left
+        return out
+
+    def fail(reason: str, message: str, blamed: observe.Worker | None = None) -> Plan:
+        st.enter_phase(status, "Failed", reason, message, now)
+        status["completionTime"] = st.timestamp(now)
+        if blamed is not None:
+            status["lastFailure"] = _failure_record(blamed, attempt, message)
+        st.record_workers(status, workers, spec.workers)
+        out.events.append(Event("Warning", reason, message))
+        out.transitions.append("failed")
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        if spec.run_policy.ttl_seconds_after_finished is not None:
+            out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
+        return out
+
+    # 3. Suspended: remove the workers; resume starts a fresh attempt (not a restart).
+    if spec.run_policy.suspend:
+        current = [j for j in obs.jobs if j not in stale]
+        if current:
+            status["restartAttempt"] = attempt + 1
+        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
+        status["startTime"] = None
+        status["pendingReason"] = None
+        status["pendingMessage"] = None
+        status["workers"] = st.worker_counts(())
+        status["workersReady"] = f"0/{spec.workers}"
+        message = (
+            f"suspended: {len(current)} worker Jobs deleted"
+            if current
+            else "suspended: no workers are running"
+        )
+        if st.enter_phase(status, "Suspended", "Suspended", message, now):
+            out.events.append(Event("Normal", "Suspended", message))
+        return out
+    if st.is_true(status, "Suspended"):
+        st.set_condition(status, "Suspended", False, "Resumed", "resumed: recreating the workers", now)
+        out.events.append(Event("Normal", "Resumed", "resumed: recreating the workers"))
+
+    # 4. Deadline.
+    started = observe.parse_time(status.get("startTime"))
+    deadline = spec.run_policy.active_deadline_seconds
+    if deadline is not None and started is not None:
+        left = deadline - _seconds_between(started, now)
+        if left <= 0:
+            return fail(
+                "DeadlineExceeded",
+                f"the job ran longer than activeDeadlineSeconds ({deadline}s) since "
+                f"{status.get('startTime')}",
+            )
+
+    # 5. Old attempt's Jobs: delete them, and wait for them to go before starting the next group.
+    waiting = []
+    for job in stale:
+        if not _is_deleting(job):
+            out.delete.append(Deletion("Job", _name(job), "Foreground"))
+            waiting.append(job)
+        else:
+            since = observe.parse_time(job["metadata"]["deletionTimestamp"])
+            if since is None or _seconds_between(since, now) < defaults.stale_grace_seconds:
+                waiting.append(job)
+    if waiting:
+        restarting = st.is_true(status, "Restarting")
+        status["pendingReason"] = "WaitingForOldWorkers"
+        status["pendingMessage"] = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+        status["workers"] = st.worker_counts(workers)
+        status["workersReady"] = f"0/{spec.workers}"
+        if not restarting and status.get("phase") != "Pending":
+            st.enter_phase(status, "Pending", "Pending", status["pendingMessage"], now)
+        out.requeue_after = WAIT_SECONDS
+        return out
+
+    # 6. Failure and success policies.
+    decision = failure.decide(spec, workers, restarts)
+    if decision.action == "fail":
+        return fail(decision.reason, decision.message, decision.worker)
+    if decision.action == "restart":
+        assert decision.worker is not None
+        status["restartAttempt"] = attempt + 1
+        status["restarts"] = restarts + 1
+        status["lastFailure"] = _failure_record(decision.worker, attempt, decision.message)
+        st.record_workers(status, workers, spec.workers)
+        st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
+        out.events.append(Event("Warning", "Restarting", decision.message))
+        out.transitions.append("restarted")
+        out.delete += [Deletion("Job", _name(j), "Foreground") for j in obs.jobs if not _is_deleting(j)]
+        out.requeue_after = WAIT_SECONDS
+        return out
+    if decision.action == "succeed":
+        st.record_workers(status, workers, spec.workers)
+        st.enter_phase(status, "Succeeded", decision.reason, decision.message, now)
+        status["completionTime"] = st.timestamp(now)
+        status["pendingReason"] = None
+        status["pendingMessage"] = None
+        out.events.append(Event("Normal", "Succeeded", decision.message))
+        out.transitions.append("succeeded")
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        if spec.run_policy.ttl_seconds_after_finished is not None:
+            out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
+        return out
+
+    # 7. Create what is missing of the current attempt.
+    ctx = builders.Context(
+        owner=builders.Owner(obs.name, obs.namespace, obs.uid),
+        spec=spec,
+        restart_attempt=attempt,
+        default_image=defaults.image,
+    )
+    if obs.service is None:
+        out.create.append(builders.build_service(ctx))
+    missing = [w for w in workers if w.phase == "missing"]
+    out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
+    if missing:
+        if status.get("startTime") is None:
+            status["startTime"] = st.timestamp(now)
+        message = (
+            f"created {len(missing)} worker Jobs for restart attempt {attempt}: "
+            f"{names.worker_job_name(obs.name, attempt, missing[0].index)}"
+            + (
+                f" .. {names.worker_job_name(obs.name, attempt, missing[-1].index)}"
+                if len(missing) > 1
+                else ""
+            )
+        )
+        if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
+            out.transitions.append("created")
+        out.events.append(Event("Normal", "CreatedWorkers", message))
+
+    # 8. Where the group stands.
+    st.record_workers(status, workers, spec.workers)
+    if status.get("pendingReason") and status["pendingReason"] != obs.status.get("pendingReason"):
+        out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))
+    if st.group_running(workers):
+        message = f"all {spec.workers} workers are running (restart attempt {attempt})"
+        if st.enter_phase(status, "Running", "AllWorkersRunning", message, now):
+            out.events.append(Event("Normal", "Running", message))
+    elif st.is_true(status, "Restarting"):
+        status["phase"] = "Restarting"
+    else:
+        reason = status.get("pendingReason") or "WorkersPending"
+        message = status.get("pendingMessage") or (
+            f"waiting for {st.worker_counts(workers)['pending']} of {spec.workers} workers to start"
+        )
+        if status.get("phase") != "Pending":
+            st.enter_phase(status, "Pending", reason, message, now)
+        else:
+            status["message"] = message
+
+    requeue = defaults.resync_seconds
+    if deadline is not None and status.get("startTime"):
+        started = observe.parse_time(status["startTime"]) or now
+        requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
+    out.requeue_after = requeue
+    return out
+
+
+def _failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[str, Any]:
+    return api.WorkerFailure(
+        worker=worker.index,
+        pod=worker.pod_name,
+        exit_code=worker.exit_code,
+        reason=worker.reason,
+        message=message,
+        restart_attempt=attempt,
+    ).model_dump(by_alias=True, exclude_none=True)
