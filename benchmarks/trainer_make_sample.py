@@ -50,7 +50,9 @@ def write_tarball(path: Path, files: dict[str, bytes]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--source", type=Path, default=Path("../shared/datasets/cifar10-train.tar.gz"))
     parser.add_argument("--out", type=Path, default=Path("examples/data"))
     parser.add_argument("--per-class", type=int, default=300)
@@ -69,8 +71,10 @@ def main() -> None:
         for name in names[len(names) - args.holdout :]:
             (held / name).write_bytes(images[cls][name])
     write_tarball(args.out / "cifar10-sample.tar.gz", train)
-    print(f"wrote {len(train)} training images to {args.out / 'cifar10-sample.tar.gz'} and "
-          f"{args.holdout} per class to {args.out / 'predict'}")
+    print(
+        f"wrote {len(train)} training images to {args.out / 'cifar10-sample.tar.gz'} and "
+        f"{args.holdout} per class to {args.out / 'predict'}"
+    )
 
 
 if __name__ == "__main__":

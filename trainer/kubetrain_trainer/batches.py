@@ -29,10 +29,10 @@ def random_crop_flip(
     offsets; the result comes back channels_last, the layout the convolutions want anyway.
     """
     import torch
-    import torch.nn.functional as F
+    from torch.nn import functional
 
     n, _, h, w = images.shape
-    padded = F.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)
+    padded = functional.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)
     dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=images.device)
     dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=images.device)
     flip = torch.rand(n, generator=generator, device=images.device) < 0.5
@@ -47,12 +47,13 @@ def random_crop_flip(
 
 
 class BatchLoader:
-    """Yields (normalised float images, labels) for one rank; `set_epoch` reshuffles like DistributedSampler."""
+    """Yields (normalised float images, labels) for one rank; `set_epoch` reshuffles per epoch."""
 
     def __init__(
         self,
         data: LabeledImages,
         preprocessing: Preprocessing,
+        *,
         batch_size: int,
         rank: int,
         world_size: int,

@@ -173,7 +173,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     train_part, val_part = datasets.split_validation(full, data_config.validation_fraction)
     data = {"validation": val_part, "train": train_part, "all": full}[args.split]
     result = evaluation.evaluate(
-        trained.model, data, trained.preprocessing, device, args.batch_size, args.tta
+        trained.model,
+        data,
+        trained.preprocessing,
+        device=device,
+        batch_size=args.batch_size,
+        flip_tta=args.tta,
     )
     report = ClassReport(trained.classes, result.matrix)
     if args.json:

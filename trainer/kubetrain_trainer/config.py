@@ -24,9 +24,10 @@ class DataConfig(_Strict):
     dataset: Literal["cifar10", "imagefolder", "fake"] = Field(
         "cifar10",
         description=(
-            "dataset selects the data source. cifar10: torchvision CIFAR-10 under `root` (downloaded when the "
-            "network allows, or an ImageFolder tree `train/<class>/*.jpg` already there); imagefolder: any "
-            "ImageFolder directory at `root`; fake: torchvision FakeData for smoke tests. Default cifar10."
+            "dataset selects the data source. cifar10: an ImageFolder tree `<root>/train/<class>/*.jpg` "
+            "when present, else torchvision CIFAR-10 under `root` (downloaded when the network allows); "
+            "imagefolder: any ImageFolder directory `<root>/<class>/<image>`; fake: torchvision FakeData "
+            "(random images) for smoke tests. Default cifar10."
         ),
     )
     root: str = Field(
@@ -72,7 +73,10 @@ class OptimizerConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0, description="weight_decay is the L2 penalty. Default 0.")
     schedule: Literal["constant", "onecycle", "cosine"] = Field(
         "constant",
-        description="schedule shapes the learning rate over training: constant, onecycle or cosine. Default constant.",
+        description=(
+            "schedule shapes the learning rate over training: constant, onecycle (linear up over the warmup, "
+            "linear down to 0) or cosine (decay to 0 after the warmup). Default constant."
+        ),
     )
     warmup_epochs: float = Field(
         0.0, ge=0, description="warmup_epochs ramps the learning rate linearly from 0 over this many epochs."
@@ -109,7 +113,10 @@ class TrainerConfig(_Strict):
         64,
         ge=1,
         le=65536,
-        description="batch_size is the per-process batch size in images; the global batch is batch_size x WORLD_SIZE. Default 64.",
+        description=(
+            "batch_size is the per-process batch size in images; the global batch is batch_size x "
+            "WORLD_SIZE. Default 64."
+        ),
     )
     seed: int = Field(
         0, ge=0, description="seed makes data order, augmentation and initialisation reproducible."
@@ -182,6 +189,7 @@ class TrainerConfig(_Strict):
     def _check_model_fits_images(self) -> TrainerConfig:
         if self.model == "simple_cnn" and self.data.image_size != 32:
             raise ValueError(
-                f"model simple_cnn needs data.image_size 32 (its fc1 takes 64x6x6=2304 inputs), got {self.data.image_size}"
+                "model simple_cnn needs data.image_size 32 (its fc1 takes 64x6x6=2304 inputs), "
+                f"got {self.data.image_size}"
             )
         return self

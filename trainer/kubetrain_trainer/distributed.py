@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,15 +16,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from kubetrain_trainer import contract
-from kubetrain_trainer.failures import ConfigError, RendezvousTimeout
+from kubetrain_trainer.failures import ConfigError, RendezvousTimeoutError
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
-_CONNECT_ATTEMPT_SECONDS = 5.0
-"""Each TCPStore connection attempt waits this long, so DNS appearing late is noticed within seconds."""
+_CONNECT_ATTEMPT_SECONDS = 2.0
+"""Each connection attempt to the master waits this long: a master appearing late is seen within seconds."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
         )
     if nnodes is not None and nproc is not None and nnodes * nproc != world_size:
         problems.append(
-            f"PET_NNODES({nnodes}) * PET_NPROC_PER_NODE({nproc}) = {nnodes * nproc} != WORLD_SIZE({world_size})"
+            f"PET_NNODES({nnodes}) * PET_NPROC_PER_NODE({nproc}) = {nnodes * nproc} "
+            f"!= WORLD_SIZE({world_size})"
         )
     if node_rank is not None and node_rank * local_world_size + local_rank != rank:
         problems.append(
@@ -107,48 +109,71 @@ def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
     )
 
 
-def connect_store(world: WorldEnv, timeout_seconds: float) -> torch.distributed.TCPStore:
-    """Open the rendezvous store, retrying until the master answers or `timeout_seconds` pass.
+def _probe(host: str, port: int, timeout: float) -> None:
+    """Open and close one TCP connection: raises OSError while DNS or the port is not ready yet."""
+    with socket.create_connection((host, port), timeout=timeout):
+        pass
 
-    Rank 0 hosts the store; other ranks retry short connection attempts so that a master whose DNS name
-    does not resolve yet, or whose port is not open yet, is picked up as soon as it appears.
+
+def wait_for_master(world: WorldEnv, timeout_seconds: float) -> None:
+    """Retry reaching MASTER_ADDR:MASTER_PORT until it answers, or raise RendezvousTimeoutError.
+
+    A plain socket probe (rather than repeated TCPStore constructions) keeps pod logs to one line per
+    few attempts while a master's Service name does not resolve yet or its port is not open yet.
     """
-    import torch.distributed as dist
-
     deadline = time.monotonic() + timeout_seconds
     attempt = 0
-    last_error: Exception | None = None
     while True:
         attempt += 1
-        remaining = deadline - time.monotonic()
-        wait = max(1.0, min(_CONNECT_ATTEMPT_SECONDS, remaining))
         try:
-            return dist.TCPStore(
-                world.master_addr,
-                world.master_port,
-                world.world_size,
-                is_master=world.is_main,
-                timeout=timedelta(seconds=wait if not world.is_main else timeout_seconds),
-                wait_for_workers=False,
-            )
-        except Exception as error:  # DNS failures, refused connections and store timeouts alike
+            _probe(world.master_addr, world.master_port, _CONNECT_ATTEMPT_SECONDS)
+            return
+        except OSError as error:
             last_error = error
         if time.monotonic() >= deadline:
-            raise RendezvousTimeout(
+            raise RendezvousTimeoutError(
                 f"rendezvous timed out after {timeout_seconds:.0f}s and {attempt} attempts: master "
-                f"{world.master_addr}:{world.master_port} unreachable from rank {world.rank} "
-                f"(last error: {str(last_error).splitlines()[0] if last_error else 'none'})"
+                f"{world.master_addr}:{world.master_port} unreachable from rank {world.rank} (last error: "
+                f"{last_error}); check that the master pod is running and MASTER_ADDR/MASTER_PORT point to it"
             )
-        if attempt == 1 or attempt % 6 == 0:
-            log.info(
+        if attempt == 1 or attempt % 10 == 0:  # a warning: ranks other than 0 only log warnings
+            log.warning(
                 "waiting for master %s:%s (rank %d, attempt %d): %s",
                 world.master_addr,
                 world.master_port,
                 world.rank,
                 attempt,
-                str(last_error).splitlines()[0] if last_error else "",
+                last_error,
             )
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def connect_store(world: WorldEnv, timeout_seconds: float) -> torch.distributed.TCPStore:
+    """Open the rendezvous store: rank 0 hosts it, the others first wait until the master answers."""
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    if not world.is_main:
+        wait_for_master(world, timeout_seconds)
+    remaining = max(1.0, timeout_seconds - (time.monotonic() - started))
+    try:
+        return dist.TCPStore(
+            world.master_addr,
+            world.master_port,
+            world.world_size,
+            is_master=world.is_main,
+            timeout=timedelta(seconds=remaining),
+            wait_for_workers=False,
+        )
+    except dist.DistNetworkError as error:
+        if world.is_main:
+            raise ConfigError(
+                f"rank 0 cannot listen on MASTER_PORT({world.master_port}): {str(error).splitlines()[0]}"
+            ) from error
+        raise RendezvousTimeoutError(
+            f"rendezvous failed: master {world.master_addr}:{world.master_port} answered but its store "
+            f"did not within {timeout_seconds:.0f}s ({str(error).splitlines()[0]})"
+        ) from error
 
 
 def init_process_group(
@@ -170,7 +195,7 @@ def init_process_group(
             timeout=timedelta(seconds=collective_timeout_seconds),
         )
     except dist.DistStoreError as error:
-        raise RendezvousTimeout(
+        raise RendezvousTimeoutError(
             f"rendezvous timed out after {rendezvous_timeout_seconds:.0f}s: not all WORLD_SIZE("
             f"{world.world_size}) processes joined at {world.master_addr}:{world.master_port} ({error})"
         ) from error

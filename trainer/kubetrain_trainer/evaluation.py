@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+from torch.nn import functional
 
 from kubetrain_trainer import batches
 from kubetrain_trainer.datasets import LabeledImages
@@ -29,9 +29,9 @@ def log_probabilities(model: nn.Module, images: torch.Tensor, flip_tta: bool) ->
     with autocast_for(images.device):
         logits = model(images).float()
         if not flip_tta:
-            return F.log_softmax(logits, dim=1)
+            return functional.log_softmax(logits, dim=1)
         mirrored = model(images.flip(3)).float()
-    probs = 0.5 * (F.softmax(logits, dim=1) + F.softmax(mirrored, dim=1))
+    probs = 0.5 * (functional.softmax(logits, dim=1) + functional.softmax(mirrored, dim=1))
     return probs.clamp_min(1e-12).log()
 
 
@@ -56,6 +56,7 @@ def evaluate(
     model: nn.Module,
     data: LabeledImages,
     preprocessing: Preprocessing,
+    *,
     device: torch.device,
     batch_size: int,
     flip_tta: bool = False,
@@ -69,7 +70,7 @@ def evaluate(
     predictions, scores = [], []
     for images, labels in batches.eval_batches(data, preprocessing, batch_size, device):
         log_probs = log_probabilities(model, images, flip_tta)
-        loss_sum += float(F.nll_loss(log_probs, labels, reduction="sum"))
+        loss_sum += float(functional.nll_loss(log_probs, labels, reduction="sum"))
         count += len(labels)
         top_score, top = log_probs.exp().max(dim=1)
         predictions.append(top.cpu())

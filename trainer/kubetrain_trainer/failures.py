@@ -27,16 +27,10 @@ class DataError(TrainerError):
     exit_code = ExitCode.DATA_ERROR
 
 
-class RendezvousTimeout(TrainerError):
+class RendezvousTimeoutError(TrainerError):
     """The master stayed unreachable for the whole rendezvous timeout: retryable."""
 
     exit_code = ExitCode.RENDEZVOUS_TIMEOUT
-
-
-class PeerLost(TrainerError):
-    """Another rank died or the network broke during a collective: retryable."""
-
-    exit_code = ExitCode.PEER_LOST
 
 
 _PEER_LOST_MARKERS = (

@@ -26,8 +26,12 @@ def format_duration(seconds: float) -> str:
 class ThroughputMeter:
     """Tracks global images/s and projects the time left for the remaining steps of the whole run."""
 
-    def __init__(self, total_steps: int, global_batch: int, log_every: int, enabled: bool) -> None:
-        self.total_steps = total_steps
+    def __init__(
+        self, *, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int, enabled: bool
+    ) -> None:
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = epochs * steps_per_epoch
         self.global_batch = global_batch
         self.log_every = log_every
         self.enabled = enabled
@@ -41,14 +45,13 @@ class ThroughputMeter:
         self._window_start = time.perf_counter()
         self._window_steps = 0
 
-    def step(
-        self, epoch: int, epochs: int, step: int, steps_per_epoch: int, global_step: int, loss: torch.Tensor
-    ) -> None:
+    def step(self, epoch: int, step: int, global_step: int, loss: torch.Tensor) -> None:
         """Account one optimiser step; every `log_every` steps emit a line (or redraw the bar on a TTY).
 
         `loss` stays a tensor until a line is due, so GPU runs only synchronise when they log.
         """
         self._window_steps += 1
+        epochs, steps_per_epoch = self.epochs, self.steps_per_epoch
         if not self.enabled or ((step + 1) % self.log_every and step + 1 != steps_per_epoch):
             return
         elapsed = time.perf_counter() - self._window_start

@@ -22,7 +22,7 @@ class ClassReport:
         return float(self.matrix.diag().sum()) / total if total else 0.0
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per class; undefined ratios (no predictions or no samples) are 0, like sklearn's default."""
+        """One dict per class; undefined ratios (no predictions or no samples) are 0, as in sklearn."""
         matrix = self.matrix.double()
         true_pos = matrix.diag()
         predicted = matrix.sum(dim=0)
@@ -49,13 +49,15 @@ class ClassReport:
         lines = [f"{'class':<{width}}  precision  recall     f1  support"]
         for r in rows:
             lines.append(
-                f"{r['class']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  {r['support']:7d}"
+                f"{r['class']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  "
+                f"{r['support']:7d}"
             )
         if rows:
             macro = {k: sum(r[k] for r in rows) / len(rows) for k in ("precision", "recall", "f1")}
             total = sum(r["support"] for r in rows)
             lines.append(
-                f"{'macro avg':<{width}}  {macro['precision']:9.4f}  {macro['recall']:6.4f}  {macro['f1']:6.4f}  {total:7d}"
+                f"{'macro avg':<{width}}  {macro['precision']:9.4f}  {macro['recall']:6.4f}  "
+                f"{macro['f1']:6.4f}  {total:7d}"
             )
         lines.append(f"accuracy {self.accuracy:.4f}")
         return "\n".join(lines)

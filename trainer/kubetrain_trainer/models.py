@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+from torch.nn import functional
 
 
 class SimpleCNN(nn.Module):
@@ -24,10 +24,10 @@ class SimpleCNN(nn.Module):
         self.fc2 = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
-        x = F.relu(self.fc1(torch.flatten(x, 1)))
-        return F.log_softmax(self.fc2(x), dim=1)
+        x = self.pool(functional.relu(self.conv1(x)))
+        x = self.pool(functional.relu(self.conv2(x)))
+        x = functional.relu(self.fc1(torch.flatten(x, 1)))
+        return functional.log_softmax(self.fc2(x), dim=1)
 
 
 def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -49,7 +49,7 @@ class _Stage(nn.Module):
         self.residual = _conv_bn(c_out, c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.bn(self.pool(self.conv(x))))
+        x = functional.gelu(self.bn(self.pool(self.conv(x))))
         return x + self.residual(x)
 
 

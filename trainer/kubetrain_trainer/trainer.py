@@ -32,7 +32,7 @@ _EVAL_BATCH = 1024
 
 
 def select_device(config: TrainerConfig, world: WorldEnv) -> torch.device:
-    """cuda:LOCAL_RANK when GPUs are requested or (auto) visible, else the CPU; checks there are enough GPUs."""
+    """cuda:LOCAL_RANK when GPUs are requested or (auto) visible, else the CPU; checks GPUs suffice."""
     use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     if not use_cuda:
         return torch.device("cpu")
@@ -111,12 +111,12 @@ class Trainer:
         self.loader = batches.BatchLoader(
             self.train_data,
             self.preprocessing,
-            config.batch_size,
-            world.rank,
-            world.world_size,
-            config.seed,
-            config.augment,
-            self.device,
+            batch_size=config.batch_size,
+            rank=world.rank,
+            world_size=world.world_size,
+            seed=config.seed,
+            augment=config.augment,
+            device=self.device,
         )
         # Each rank validates a strided shard; confusion matrices and loss sums are added across ranks.
         self.val_shard = self.val_data.subset(torch.arange(world.rank, len(self.val_data), world.world_size))
@@ -165,10 +165,15 @@ class Trainer:
         total_steps = steps_per_epoch * config.epochs
         criterion = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
         meter = ThroughputMeter(
-            total_steps, config.batch_size * self.world.world_size, config.log_every_steps, self.world.is_main
+            epochs=config.epochs,
+            steps_per_epoch=steps_per_epoch,
+            global_batch=config.batch_size * self.world.world_size,
+            log_every=config.log_every_steps,
+            enabled=self.world.is_main,
         )
         log.info(
-            "training %s on %d images (%d validation), %d classes, %d epochs x %d steps, global batch %d, device %s",
+            "training %s on %d images (%d validation), %d classes, %d epochs x %d steps, "
+            "global batch %d, device %s",
             config.model,
             len(self.train_data),
             len(self.val_data),
@@ -244,7 +249,7 @@ class Trainer:
             loss_sum += loss.detach() * len(labels)
             correct += (outputs.detach().argmax(dim=1) == labels).sum()
             seen += len(labels)
-            meter.step(epoch, self.config.epochs, step, steps_per_epoch, self.state.step - 1, loss.detach())
+            meter.step(epoch, step, self.state.step - 1, loss.detach())
         totals = torch.stack(
             [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device).double()]
         )
@@ -256,9 +261,9 @@ class Trainer:
             self.network,
             self.val_shard,
             self.preprocessing,
-            self.device,
-            _EVAL_BATCH,
-            self.config.eval_flip_tta,
+            device=self.device,
+            batch_size=_EVAL_BATCH,
+            flip_tta=self.config.eval_flip_tta,
         )
         packed = torch.cat(
             [
@@ -285,7 +290,7 @@ class Trainer:
         sample = self.val_data.subset(torch.linspace(0, len(self.val_data) - 1, 16).long().unique())
         if len(sample):
             predicted = evaluation.evaluate(
-                self.model, sample, self.preprocessing, self.device, 16
+                self.model, sample, self.preprocessing, device=self.device, batch_size=16
             ).predictions
             plots.prediction_grid(
                 job_dir / "predictions.png", sample.images, sample.labels, predicted, self.classes
