@@ -17,30 +17,37 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
 
 OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
-    # The TrainingJob: kopf watches it and patches its bookkeeping annotations; the operator deletes
-    # finished jobs after ttlSecondsAfterFinished and writes status through the status subresource.
+    # The TrainingJob: kopf lists/watches it and patches its bookkeeping annotations; the controller gets
+    # it before each reconcile and deletes it after ttlSecondsAfterFinished. Status: merge patches only.
     *(("kubetrain.io", "trainingjobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
-    *(("kubetrain.io", "trainingjobs/status", verb) for verb in ("get", "patch")),
-    # One batch Job per worker: created, deleted on restart/suspend/cleanup, patched when adopted.
-    *(("batch", "jobs", verb) for verb in ("get", "list", "watch", "create", "delete", "patch")),
-    # One headless Service per TrainingJob.
-    *(("", "services", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    ("kubetrain.io", "trainingjobs/status", "patch"),
+    # One batch Job per worker: watched by kopf, listed, created and deleted by the controller.
+    *(("batch", "jobs", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    # One headless Service per TrainingJob: fetched by name, created, deleted; never watched.
+    *(("", "services", verb) for verb in ("get", "create", "delete")),
     # Pods are only read (exit codes, readiness, why Pending); they go away with their Jobs.
     *(("", "pods", verb) for verb in ("get", "list", "watch")),
-    # Events on every transition, through either events API.
-    *(("", "events", verb) for verb in ("create", "patch")),
-    *(("events.k8s.io", "events", verb) for verb in ("create", "patch")),
+    # kopf and the controller post core v1 Events on every transition.
+    ("", "events", "create"),
 )
 
 CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
-    ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("get", "list", "watch")
+    ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")
 )
 """Only when watching all namespaces: kopf re-scans CRDs at run time to notice (re)installed resources."""
 
-PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch"))
-PEERING_NEEDS_CLUSTER = tuple(
-    ("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")
+PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch"))
+PEERING_NEEDS_CLUSTER = tuple(("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch"))
+
+NOT_NEEDED: tuple[tuple[str, str, str], ...] = (
+    ("batch", "jobs", "patch"),
+    ("", "pods", "delete"),
+    ("", "pods", "patch"),
+    ("", "services", "patch"),
+    ("kubetrain.io", "trainingjobs", "create"),
+    ("", "events", "delete"),
 )
+"""Verbs on the operator's own resources that it does not use, so the chart must not grant them."""
 
 FORBIDDEN_RESOURCES = ("secrets", "configmaps", "serviceaccounts", "roles", "rolebindings", "nodes")
 """What a compromised operator must not reach: credentials, config, identities, RBAC, nodes."""

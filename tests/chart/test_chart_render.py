@@ -6,6 +6,10 @@ tested in test_chart_cluster.py.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from chartkit import (
     render,
     values_file,
 )
+from kubetrain_operator import cli
 
 pytestmark = pytest.mark.unit
 
@@ -113,7 +118,9 @@ def test_peering_is_off_by_default_and_its_crds_are_not_installed(helm_bin: Path
     assert not [
         o for o in of_kind(objects, "CustomResourceDefinition") if "kopf.dev" in o["metadata"]["name"]
     ]
-    assert "--standalone" in operator_container(objects)["args"]
+    args = operator_container(objects)["args"]
+    assert not [a for a in args if a.startswith("--peering")], "without --peering kopf runs standalone"
+    assert "command" not in operator_container(objects), "the image's own entrypoint runs"
     assert only(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
 
 
@@ -213,7 +220,10 @@ def test_service_monitor_is_optional_and_scrapes_the_metrics_service(helm_bin: P
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kubetrain-system"]}
 
 
-def test_disabling_metrics_removes_the_service_port_and_flag(helm_bin: Path, tmp_path: Path) -> None:
+def test_disabling_metrics_removes_the_service_and_port_and_turns_the_endpoint_off(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    """The operator serves metrics on 8080 unless told `--metrics-port=0`, so "off" must say so."""
     objects = render(
         helm_bin,
         tmp_path,
@@ -228,7 +238,7 @@ def test_disabling_metrics_removes_the_service_port_and_flag(helm_bin: Path, tmp
     )
     assert not of_kind(objects, "Service") and not of_kind(objects, "ServiceMonitor")
     container = operator_container(objects)
-    assert not [a for a in container["args"] if a.startswith("--metrics-port")]
+    assert [a for a in container["args"] if a.startswith("--metrics-port")] == ["--metrics-port=0"]
     assert "metrics" not in {p["name"] for p in container["ports"]}
 
 
@@ -258,13 +268,13 @@ def test_images_are_pinned_and_the_trainer_image_is_the_operator_default(
     assert "--default-image=registry.example/tr:1.2.3" in pinned["args"]
 
 
-def test_log_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, tmp_path: Path) -> None:
+def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, tmp_path: Path) -> None:
     objects = render(
         helm_bin,
         tmp_path,
         {
-            "logLevel": "debug",
-            "logFormat": "text",
+            "postingLevel": "ERROR",
+            "workers": 4,
             "nodeSelector": {"pool": "system"},
             "tolerations": [
                 {"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}
@@ -285,7 +295,7 @@ def test_log_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, tmp_pa
     assert pod["tolerations"][0]["key"] == "dedicated"
     assert "nodeAffinity" in pod["affinity"]
     args = operator_container(objects)["args"]
-    assert "--log-level=debug" in args and "--log-format=text" in args
+    assert "--posting-level=ERROR" in args and "--workers=4" in args
 
 
 BAD_VALUES = {
@@ -311,8 +321,8 @@ BAD_VALUES = {
         },
         "/image/operator/tag",
     ),
-    "bad log level": ({"logLevel": "verbose"}, "/logLevel"),
-    "bad log format": ({"logFormat": "xml"}, "/logFormat"),
+    "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
+    "zero workers": ({"workers": 0}, "/workers"),
     "invalid namespace name": ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     "privilege escalation": (
         {
@@ -379,3 +389,57 @@ def test_every_object_carries_the_release_labels(helm_bin: Path, tmp_path: Path)
             labels = obj["metadata"].get("labels", {})
             assert labels.get("app.kubernetes.io/instance") == "kt", obj["kind"]
             assert labels.get("app.kubernetes.io/managed-by") == "Helm", obj["kind"]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_operator_cli_accepts_the_rendered_arguments(
+    helm_bin: Path, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    """Every flag the chart passes exists in `kubetrain operator` and means what the chart intends.
+
+    An unknown flag would crash-loop the pod with an argparse error that no render test would notice.
+    """
+    objects = render(helm_bin, tmp_path, values)
+    container = operator_container(objects)
+    args = ["operator", *container["args"]]
+    if "command" in container:
+        args.insert(1, "--priority=12345")
+    parsed = cli._parser().parse_args(args)
+    namespaces = values.get("watchNamespaces", [])
+    assert parsed.all_namespaces is (not namespaces)
+    assert (parsed.namespaces or []) == namespaces
+    assert parsed.default_image == "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
+    assert parsed.liveness == "http://0.0.0.0:8081/healthz"
+    assert parsed.metrics_port == 8080
+    assert (parsed.peering is not None) is bool(values.get("peering", {}).get("enabled"))
+
+
+def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: Path, tmp_path: Path) -> None:
+    """kopf pauses replicas with equal priorities; the pod command derives one per pod name.
+
+    The rendered command runs under /bin/sh with a stand-in `kubetrain` that prints its argv, for two
+    pod names: the priorities differ, are integers, and the chart's arguments arrive unchanged.
+    """
+    container = operator_container(render(helm_bin, tmp_path, HA))
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    fake = fake_bin / "kubetrain"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    seen = {}
+    for pod in ("kt-kubetrain-5d9c7b6f4-abcde", "kt-kubetrain-5d9c7b6f4-fghij"):
+        env = {**os.environ, "POD_ID": pod, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+        result = subprocess.run(
+            [*container["command"], *container["args"]],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=True,
+        )
+        argv = json.loads(result.stdout)
+        assert argv[0] == "operator" and argv[2:] == container["args"], argv
+        flag, _, priority = argv[1].partition("=")
+        assert flag == "--priority" and priority.isdigit(), argv[1]
+        seen[pod] = int(priority)
+    assert len(set(seen.values())) == 2, seen

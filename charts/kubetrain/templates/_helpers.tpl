@@ -63,14 +63,18 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The RBAC rules the operator needs in every namespace it watches: exactly the verbs its code and kopf use.
-- trainingjobs: kopf lists/watches them and patches its bookkeeping annotations; the operator deletes a
-  finished job when ttlSecondsAfterFinished expires. /status: status is written with patches only.
-- jobs (batch): one Job per worker; created, deleted on group restart, suspend and cleanup, patched to
-  adopt or relabel. Services: one headless Service per TrainingJob. Pods: read-only, to learn exit codes,
-  readiness and why a worker is Pending; pods are removed through their Jobs (propagationPolicy).
-- events (core and events.k8s.io): kopf and the operator report every transition on the TrainingJob.
-- kopfpeerings: only in namespaced mode with peering: kopf keeps a per-namespace keep-alive record.
+The RBAC rules the operator needs in every namespace it watches: exactly the verbs its code and kopf use
+(tests/chart/chartkit.py OPERATOR_NEEDS lists the same, and the cluster test asks the API server).
+- trainingjobs: kopf lists/watches them and patches its bookkeeping annotations; the controller gets one
+  before each reconcile and deletes a finished one when ttlSecondsAfterFinished expires.
+  trainingjobs/status: status is only ever merge-patched (by the controller and by kopf's progress store).
+- jobs (batch): kopf watches the workers' Jobs (label-selected); the controller lists, creates and
+  deletes them (group restart, suspend, cleanup). Never patched.
+- services: the controller gets, creates and deletes one headless Service per TrainingJob; not watched.
+- pods: read-only. kopf watches them and the controller lists them for exit codes, readiness and why a
+  worker is Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
+- events (core v1): kopf and the controller create one per transition; neither patches events.
+- kopfpeerings: only in namespaced mode with peering (kopf's per-namespace keep-alive record).
 No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touches them.
 */}}
 {{- define "kubetrain.namespacedRules" -}}
@@ -79,22 +83,19 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
   verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "create", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* The kopf peering object's name: peering.name, else the release's full name. */}}
