@@ -20,6 +20,7 @@ what queueing systems such as Kueue need when they admit a suspended job.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -140,6 +141,22 @@ class Resources(_Model):
             "Default: none. Immutable."
         ),
     )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, values: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        for key, value in (values or {}).items():
+            if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
+                raise ValueError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)")
+        return values
+
+    @model_validator(mode="after")
+    def _gpu_limit_matches_request(self) -> Resources:
+        gpu = constants.GPU_RESOURCE
+        both = self.requests and self.limits and gpu in self.requests and gpu in self.limits
+        if both and str(self.requests[gpu]) != str(self.limits[gpu]):  # type: ignore[index]
+            raise ValueError(f"resources.requests['{gpu}'] must equal resources.limits['{gpu}']")
+        return self
 
     def gpus(self) -> int:
         """GPUs per worker: the nvidia.com/gpu limit, else the request, else 0."""
@@ -652,6 +669,13 @@ class TrainingJobSpec(_Model):
                         f"operator"
                     )
         return self
+
+    @field_validator("nproc_per_worker")
+    @classmethod
+    def _nproc(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError('nprocPerWorker must be an integer >= 1 or "auto"')
+        return value
 
     def procs_per_worker(self) -> int:
         """nprocPerWorker resolved: auto is the GPU count per worker, or 1 without GPUs."""

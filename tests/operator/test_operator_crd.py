@@ -1,0 +1,270 @@
+"""The generated CRD: no drift from the models, structural, documented, and refusing bad manifests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+from kubetrain_operator import api, crdgen
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+INVALID = list(
+    yaml.safe_load_all((Path(__file__).parent / "testdata" / "invalid-trainingjobs.yaml").read_text())
+)
+
+
+def _schema() -> dict[str, Any]:
+    return crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for key, child in (node.get("properties") or {}).items():
+        out += _walk(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        out += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _walk(node["additionalProperties"], f"{path}[*]")
+    return out
+
+
+def test_checked_in_crds_match_the_models() -> None:
+    assert crdgen.drifted(ROOT) == [], "run `kubetrain crds` and commit the result"
+
+
+def test_schema_is_structural() -> None:
+    text = crdgen.render()
+    assert "$ref" not in text and "$defs" not in text
+    for path, node in _walk(_schema()):
+        if node.get("x-kubernetes-int-or-string"):
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+            continue
+        assert "anyOf" not in node and "oneOf" not in node and "allOf" not in node, path
+        assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+        assert node.get("additionalProperties") is not False, path
+        assert node.get("nullable") is not True, path
+        if node["type"] == "object" and "properties" in node:
+            assert "additionalProperties" not in node, path
+
+
+def test_every_field_has_a_description_that_starts_with_its_name() -> None:
+    for path, node in _walk(_schema()):
+        if path.count(".") < 2 or path.endswith(("[]", "[*]")) or path.startswith(".metadata"):
+            continue
+        name = path.rsplit(".", 1)[-1]
+        assert node.get("description"), f"{path} has no description"
+        if path.startswith(".spec.trainer"):
+            continue  # the trainer's own models use snake_case names in their text
+        assert node["description"].startswith(name), f"{path}: {node['description'][:40]}"
+
+
+def test_defaults_live_in_the_schema() -> None:
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert spec["workers"]["default"] == 1
+    assert spec["nprocPerWorker"]["default"] == "auto"
+    assert spec["runPolicy"]["default"] == {}
+    assert spec["runPolicy"]["properties"]["maxRestarts"]["default"] == 3
+    assert spec["runPolicy"]["properties"]["cleanPodPolicy"]["default"] == "Running"
+    assert spec["failurePolicy"]["properties"]["nonRetryableExitCodes"]["default"] == [2, 3]
+    assert spec["trainer"]["properties"]["epochs"]["default"] == 10
+
+
+def test_status_declares_everything_the_operator_writes() -> None:
+    status = _schema()["properties"]["status"]["properties"]
+    for field in (
+        "phase",
+        "message",
+        "conditions",
+        "workers",
+        "workersReady",
+        "restarts",
+        "restartAttempt",
+        "startTime",
+        "completionTime",
+        "observedGeneration",
+        "pendingReason",
+        "pendingMessage",
+        "lastFailure",
+        "progress",
+    ):
+        assert field in status, field
+    assert status["phase"]["enum"] == list(api.PHASES)
+    assert "default" not in crdgen.yaml.safe_dump(status)
+
+
+def test_subresource_and_printer_columns() -> None:
+    version = crdgen.crd()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Ready"] == ".status.workersReady"
+    assert columns["Restarts"] == ".status.restarts"
+    assert columns["Epoch"] == ".status.progress.epoch"
+    assert columns["Loss"] == ".status.progress.loss"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+    names = crdgen.crd()["spec"]["names"]
+    assert names["shortNames"] == ["tj"] and names["plural"] == "trainingjobs"
+
+
+def test_shape_fields_are_immutable_and_policies_are_not() -> None:
+    rules = _schema()["properties"]["spec"]["x-kubernetes-validations"]
+    immutable = {r["fieldPath"].lstrip(".") for r in rules if "oldSelf" in r["rule"]}
+    assert immutable == set(api.IMMUTABLE_SPEC_FIELDS)
+    for mutable in ("runPolicy", "failurePolicy", "nodeSelector", "tolerations", "env", "podLabels"):
+        assert mutable not in immutable
+
+
+def test_lists_and_strings_compared_by_cel_are_bounded() -> None:
+    """CEL cost estimation rejects rules over unbounded lists: everything immutable must be bounded."""
+    spec = _schema()["properties"]["spec"]["properties"]
+    for field in api.IMMUTABLE_SPEC_FIELDS:
+        for path, node in _walk(spec[field], field):
+            if node.get("type") == "array":
+                assert "maxItems" in node, path
+            if node.get("x-kubernetes-preserve-unknown-fields"):
+                pytest.fail(f"{path}: free-form object inside an immutable field")
+
+
+# ------------------------------------------------------------ invalid manifests
+
+
+class _RefusedError(Exception):
+    pass
+
+
+def _check(node: dict[str, Any], value: Any, path: str) -> None:
+    """A small OpenAPI validator for the subset of keywords the generated schema uses (not CEL)."""
+    if node.get("x-kubernetes-int-or-string"):
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            raise _RefusedError(path)
+        if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
+            raise _RefusedError(path)
+        return
+    kind = node.get("type")
+    types = {"object": dict, "array": list, "string": str, "boolean": bool, "number": int | float}
+    if kind == "integer":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _RefusedError(path)
+    elif kind in types and not isinstance(value, types[kind]):
+        raise _RefusedError(path)
+    if "enum" in node and value not in node["enum"]:
+        raise _RefusedError(path)
+    if "minimum" in node and value < node["minimum"]:
+        raise _RefusedError(path)
+    if "maximum" in node and value > node["maximum"]:
+        raise _RefusedError(path)
+    if kind == "string":
+        if len(value) < node.get("minLength", 0) or len(value) > node.get("maxLength", 10**9):
+            raise _RefusedError(path)
+        if "pattern" in node and not re.search(node["pattern"], value):
+            raise _RefusedError(path)
+    if kind == "array":
+        if len(value) > node.get("maxItems", 10**9) or len(value) < node.get("minItems", 0):
+            raise _RefusedError(path)
+        for i, item in enumerate(value):
+            _check(node["items"], item, f"{path}[{i}]")
+    if kind == "object":
+        if len(value) > node.get("maxProperties", 10**9):
+            raise _RefusedError(path)
+        for key in node.get("required", ()):
+            if key not in value:
+                raise _RefusedError(f"{path}.{key}")
+        props = node.get("properties")
+        for key, item in value.items():
+            if props is not None:
+                if key not in props:
+                    raise _RefusedError(f"{path}.{key}")  # kubectl's strict field validation
+                _check(props[key], item, f"{path}.{key}")
+            elif isinstance(node.get("additionalProperties"), dict):
+                _check(node["additionalProperties"], item, f"{path}.{key}")
+
+
+def _cel_rules(node: dict[str, Any]) -> list[dict[str, str]]:
+    return [r for _, n in _walk(node) for r in n.get("x-kubernetes-validations", ())]
+
+
+def test_there_are_at_least_twenty_invalid_manifests() -> None:
+    assert len(INVALID) >= 20
+
+
+@pytest.mark.parametrize("doc", INVALID, ids=[d["metadata"]["name"] for d in INVALID])
+def test_invalid_manifest_is_refused_naming_the_field(doc: dict[str, Any]) -> None:
+    expect = doc["metadata"]["annotations"]["kubetrain.test/expect-field"]
+    refused_by = doc["metadata"]["annotations"]["kubetrain.test/refused-by"]
+    with pytest.raises(pydantic.ValidationError):
+        api.TrainingJob.model_validate(doc)
+    schema = _schema()
+    if refused_by == "schema":
+        with pytest.raises(_RefusedError) as refused:
+            _check(schema["properties"]["spec"], doc["spec"], "spec")
+        assert str(refused.value).startswith(expect), (str(refused.value), expect)
+    else:
+        _check(schema["properties"]["spec"], doc["spec"], "spec")  # nothing but CEL refuses it
+        leaf = [t for t in re.split(r"[.\[\]]", expect) if t and not t.isdigit()][-1]
+        assert any(leaf in r["message"] or leaf in r.get("fieldPath", "") for r in _cel_rules(schema)), leaf
+
+
+VALID = {
+    "apiVersion": "kubetrain.io/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "full"},
+    "spec": {
+        "image": "registry.local/kubetrain:1",
+        "imagePullPolicy": "IfNotPresent",
+        "workers": 4,
+        "nprocPerWorker": 2,
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 2},
+            "limits": {"nvidia.com/gpu": 2},
+        },
+        "command": ["python", "/app/train.py"],
+        "args": ["--epochs", "3"],
+        "launcher": "torchrun",
+        "storage": [
+            {
+                "name": "data",
+                "mountPath": "/data",
+                "persistentVolumeClaim": {"claimName": "cifar", "readOnly": True},
+            },
+            {"name": "out", "mountPath": "/output", "emptyDir": {"sizeLimit": "1Gi"}},
+        ],
+        "env": [
+            {"name": "A", "value": "1"},
+            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+        },
+        "priorityClassName": "high",
+        "schedulerName": "default-scheduler",
+        "serviceAccountName": "trainer",
+        "podLabels": {"team": "vision"},
+        "podAnnotations": {"note": "x"},
+        "successPolicy": "AllWorkers",
+        "runPolicy": {
+            "maxRestarts": 5,
+            "activeDeadlineSeconds": 3600,
+            "ttlSecondsAfterFinished": 60,
+            "cleanPodPolicy": "All",
+            "suspend": True,
+        },
+        "failurePolicy": {"nonRetryableExitCodes": [2, 3, 4], "retryableExitCodes": [1, 10, 11, 12]},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [VALID["spec"], {"trainer": {}}, {"trainer": {"epochs": 1, "data": {"dataset": "fake"}}, "workers": 3}],
+)
+def test_valid_manifests_pass_both_validators(spec: dict[str, Any]) -> None:
+    api.TrainingJobSpec.model_validate(spec)
+    _check(_schema()["properties"]["spec"], spec, "spec")
