@@ -236,7 +236,7 @@ def start_cluster(
                 f"--service-account-private-key-file={keys.service_account_key}",
                 f"--root-ca-file={keys.ca_cert}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                "--controllers=*,-node-ipam-controller",
                 "--v=1",
             ],
         )
@@ -265,21 +265,38 @@ def start_cluster(
         _wait_for_default_service_account(cluster, timeout)
         if nodes:
             cluster.add_nodes(nodes)
-        for name, process in cluster.processes.items():
-            if process.poll() is not None:
-                raise ClusterError(f"{name} exited with code {process.returncode}; see {cluster.log_dir}")
-    except BaseException:
+        _raise_if_any_exited(cluster)
+    except BaseException as error:
+        tails = _log_tails(cluster)
         cluster.stop()
+        if isinstance(error, Exception):
+            raise ClusterError(f"{error}\n{tails}") from error
         raise
     if detached:
         cluster.save_state()
     return cluster
 
 
+def _log_tails(cluster: Cluster, lines: int = 15) -> str:
+    """The end of every component's log, for an error message: the directory is gone after stop()."""
+    parts = []
+    for log in sorted(cluster.log_dir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name} ---\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def _raise_if_any_exited(cluster: Cluster) -> None:
+    for name, process in cluster.processes.items():
+        if process.poll() is not None:
+            raise ClusterError(f"{name} exited with code {process.returncode}")
+
+
 def _wait_for_default_service_account(cluster: Cluster, timeout: float) -> None:
     """Pods are refused until the controller manager has created the namespace's default ServiceAccount."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        _raise_if_any_exited(cluster)
         if cluster.kubectl(
             "get", "serviceaccount", "default", "--ignore-not-found", "-o", "name", check=False
         ):

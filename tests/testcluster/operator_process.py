@@ -1,0 +1,120 @@
+"""Running kubetrain's operator as a real process against a test cluster, and watching what it creates."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from kubernetes import client, config, watch
+
+from testcluster import processes
+from testcluster.cluster import Cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
+
+
+def install_crd(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+
+
+class OperatorProcess:
+    """`kubetrain operator` in its own process group; `kill()` is a SIGKILL, as a crashing node would do."""
+
+    def __init__(self, cluster: Cluster, log_path: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self._cluster = cluster
+        self._log_path = log_path
+        self._extra_args = extra_args
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self._cluster.kubeconfig)}
+        argv = [sys.executable, "-m", "kubetrain_operator.cli", "operator", "--all-namespaces"]
+        argv.extend(self._extra_args)
+        with self._log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        if self._process is not None:
+            processes.stop_group(self._process.pid, grace_seconds=0.0)
+            self._process.wait()
+            self._process = None
+
+    def stop(self) -> None:
+        if self._process is not None:
+            processes.stop_group(self._process.pid)
+            self._process.wait()
+            self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class CreationCounter:
+    """Counts ADDED watch events per child (kind, namespace, name, uid) from the moment it starts.
+
+    A child that is ever created twice under one name shows up as two uids for one name.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._api = client.ApiClient(config.load_kube_config(config_file=str(cluster.kubeconfig)) or None)
+        self.created: Counter[tuple[str, str, str]] = Counter()
+        self.uids: dict[tuple[str, str, str], set[str]] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        batch, core = client.BatchV1Api(self._api), client.CoreV1Api(self._api)
+        listers = {"Job": batch.list_job_for_all_namespaces, "Service": core.list_service_for_all_namespaces}
+        for kind, lister in listers.items():
+            resource_version = lister(limit=1).metadata.resource_version
+            thread = threading.Thread(target=self._watch, args=(kind, lister, resource_version), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _watch(self, kind: str, lister: object, resource_version: str) -> None:
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    lister,
+                    resource_version=resource_version,
+                    label_selector="kubetrain.io/job-name",
+                    timeout_seconds=5,
+                ):
+                    obj = event["object"]
+                    resource_version = obj.metadata.resource_version
+                    if event["type"] == "ADDED":
+                        key = (kind, obj.metadata.namespace, obj.metadata.name)
+                        if obj.metadata.uid not in self.uids.setdefault(key, set()):
+                            self.uids[key].add(obj.metadata.uid)
+                            self.created[key] += 1
+                    if self._stop.is_set():
+                        break
+            except Exception:
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def duplicates(self) -> dict[tuple[str, str, str], int]:
+        return {key: count for key, count in self.created.items() if count > 1}
