@@ -100,7 +100,10 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
     controller.start()
     if options.metrics_port:
-        controller.metrics.serve(options.metrics_port)
+        try:
+            controller.metrics.serve(options.metrics_port)
+        except OSError as exc:  # metrics are not worth refusing to reconcile over
+            logger.warning("cannot serve metrics on port %s: %s", options.metrics_port, exc)
     memo["controller"] = controller
     logger.info(
         "kubetrain operator watching %s",

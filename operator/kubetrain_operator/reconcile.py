@@ -32,6 +32,10 @@ RESYNC_SECONDS = 60.0
 WAIT_SECONDS = 2.0
 """Requeue delay while waiting for deletions to finish."""
 
+QUIET_PENDING_REASONS = ("PodNotCreated",)
+"""Pending reasons reported in status but not as Warning events: the Job controller usually creates the
+pod within a second, so an event would be noise; when it cannot, it posts FailedCreate on the Job itself."""
+
 Propagation = Literal["Foreground", "Background"]
 
 
@@ -332,7 +336,8 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
-    if status.get("pendingReason") and status["pendingReason"] != obs.status.get("pendingReason"):
+    reason = status.get("pendingReason")
+    if reason and reason not in QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))
     if st.group_running(workers):
         message = f"all {spec.workers} workers are running (restart attempt {attempt})"

@@ -1,0 +1,279 @@
+"""The controller against an in-memory API: plan execution order, idempotency, conflicts, coalescing."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubetrain_operator import constants, handlers, kube, reconcile
+from kubetrain_operator.controller import Controller
+from kubetrain_operator.metrics import Metrics
+from operator_fakes import NS, pod, trainingjob
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
+
+
+class FakeKube:
+    """Stores objects by (kind, namespace, name); counts creations; can inject errors."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.creations: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[str] = []
+        self.fail_create: dict[str, kube.ApiError] = {}
+        self.fail_patch: list[kube.ApiError] = []
+        self.rv = 100
+
+    def put(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[(obj["kind"], meta.get("namespace", NS), meta["name"])] = obj
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        key, _, value = label_selector.partition("=")
+        return [
+            copy.deepcopy(o)
+            for (k, ns, _), o in self.objects.items()
+            if k == kind and ns == namespace and o["metadata"].get("labels", {}).get(key) == value
+        ]
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest["kind"] == "Event":
+            self.events.append(manifest)
+            return manifest
+        name = manifest["metadata"]["name"]
+        self.calls.append(f"create {manifest['kind']} {name}")
+        if name in self.fail_create:
+            raise self.fail_create[name]
+        key = (manifest["kind"], manifest["metadata"]["namespace"], name)
+        if key in self.objects:
+            raise kube.ApiError(409, "AlreadyExists", f"{name} exists")
+        obj = copy.deepcopy(manifest)
+        obj["metadata"]["uid"] = f"uid-{name}"
+        obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        obj.setdefault("status", {})
+        self.objects[key] = obj
+        self.creations.append((manifest["kind"], name))
+        return obj
+
+    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
+        self.calls.append(f"delete {kind} {name} {propagation}")
+        self.objects.pop((kind, namespace, name), None)
+        if kind == "Job":  # the garbage collector takes the pods along
+            for key in [
+                k for k, o in self.objects.items() if k[0] == "Pod" and o["metadata"]["name"].startswith(name)
+            ]:
+                del self.objects[key]
+
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], rv: str | None
+    ) -> dict[str, Any]:
+        self.calls.append("patch status")
+        if self.fail_patch:
+            raise self.fail_patch.pop(0)
+        obj = self.objects[(constants.KIND, namespace, name)]
+        merged = dict(obj.get("status") or {})
+        for key, value in status.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        obj["status"] = merged
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return obj
+
+    # --- a tiny Job controller + kubelet
+
+    def run_pods(self, phase: str = "Running", exit_codes: dict[int, int] | None = None) -> None:
+        """Give every existing worker Job a pod in `phase` (Failed pods get exit_codes[index])."""
+        for (kind, ns, name), obj in list(self.objects.items()):
+            if kind != "Job":
+                continue
+            labels = obj["metadata"]["labels"]
+            attempt, index = (
+                int(labels[constants.LABEL_RESTART_ATTEMPT]),
+                int(labels[constants.LABEL_WORKER_INDEX]),
+            )
+            code = (exit_codes or {}).get(index)
+            this_phase = "Failed" if code else phase
+            p = pod(index, attempt, phase=this_phase, exit_code=code, ready=this_phase == "Running")
+            p["metadata"]["name"] = f"{name}-abcde"
+            self.objects[("Pod", ns, p["metadata"]["name"])] = p
+
+    def status(self, name: str = "demo") -> dict[str, Any]:
+        return self.objects[(constants.KIND, NS, name)]["status"]
+
+
+def _controller(fake: FakeKube) -> Controller:
+    return Controller(fake, reconcile.Defaults(image="img:test"), Metrics.create(), clock=lambda: NOW)  # type: ignore[arg-type]
+
+
+def _fake_with_job(spec: dict[str, Any] | None = None) -> FakeKube:
+    fake = FakeKube()
+    fake.put(trainingjob(spec=spec))
+    return fake
+
+
+def test_first_reconcile_patches_status_before_creating_children() -> None:
+    fake = _fake_with_job()
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert outcome.plan is not None
+    assert fake.calls[0] == "patch status"
+    assert fake.creations == [("Service", "demo"), ("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")]
+    assert fake.status()["phase"] == "Pending"
+    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
+    assert fake.events[0]["involvedObject"]["kind"] == "TrainingJob"
+
+
+def test_a_whole_lifecycle_with_one_restart_never_duplicates_a_child() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    for _ in range(3):
+        ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Running"
+
+    fake.run_pods("Running", exit_codes={1: 11})
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Restarting"
+    assert fake.status()["restarts"] == 1
+    for _ in range(3):
+        ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Running"
+    fake.run_pods("Succeeded")
+    ctl.reconcile(NS, "demo")
+    ctl.reconcile(NS, "demo")
+    status = fake.status()
+    assert status["phase"] == "Succeeded"
+    assert status["restartAttempt"] == 1
+    assert status["completionTime"]
+    assert len(fake.creations) == len(set(fake.creations)) == 5
+    reasons = [e["reason"] for e in fake.events]
+    assert reasons == ["CreatedWorkers", "Running", "Restarting", "CreatedWorkers", "Running", "Succeeded"]
+    assert ctl.metrics.restarted.labels(namespace=NS)._value.get() == 1
+    assert ctl.metrics.succeeded.labels(namespace=NS)._value.get() == 1
+
+
+def test_children_that_already_exist_are_fine() -> None:
+    fake = _fake_with_job()
+    fake.fail_create["demo-r0-w1"] = kube.ApiError(409, "AlreadyExists", "exists")
+    _controller(fake).reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Pending"
+
+
+def test_a_stale_read_is_retried_instead_of_overwriting() -> None:
+    fake = _fake_with_job()
+    fake.fail_patch.append(kube.ApiError(409, "Conflict", "the object has been modified"))
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert fake.creations == []  # nothing done on a decision based on an old read
+    assert outcome.plan is not None and outcome.plan.requeue_after == 0.2
+
+
+def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None:
+    fake = _fake_with_job()
+    fake.fail_create["demo-r0-w0"] = kube.ApiError(
+        422,
+        "Invalid",
+        'Job.batch "demo-r0-w0" is invalid: spec.template.spec.containers[0].image: Required value',
+    )
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert outcome.invalid and "containers[0].image" in outcome.invalid
+    assert fake.status()["phase"] == "Failed"
+    assert next(c for c in fake.status()["conditions"] if c["type"] == "Failed")["reason"] == "InvalidSpec"
+
+
+def test_an_invalid_spec_is_reported_as_permanent_to_kopf() -> None:
+    fake = _fake_with_job(spec={"workers": 2})
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert outcome.invalid and "spec" in outcome.invalid
+    assert fake.creations == []
+
+
+def test_a_deleted_trainingjob_is_forgotten() -> None:
+    fake = FakeKube()
+    assert _controller(fake).reconcile(NS, "gone").gone
+
+
+def test_ttl_deletes_the_trainingjob() -> None:
+    fake = _fake_with_job(spec={"trainer": {}, "runPolicy": {"ttlSecondsAfterFinished": 0}})
+    fake.objects[(constants.KIND, NS, "demo")]["status"] = {
+        "phase": "Succeeded",
+        "completionTime": "2026-01-01T00:00:00Z",
+    }
+    _controller(fake).reconcile(NS, "demo")
+    assert (constants.KIND, NS, "demo") not in fake.objects
+
+
+def test_errors_are_retried_with_backoff_and_do_not_escape() -> None:
+    fake = _fake_with_job()
+    fake.fail_create["demo-r0-w0"] = kube.ApiError(500, "InternalError", "etcd is sad")
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None
+    assert ctl._heap and ctl._heap[0][1] == (NS, "demo")
+
+
+def test_triggers_for_one_job_coalesce_while_it_reconciles() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    entered, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+    original = ctl.reconcile
+
+    def slow(namespace: str, name: str) -> Any:
+        runs.append(1)
+        if len(runs) == 1:
+            entered.set()
+            release.wait(5)
+        return original(namespace, name)
+
+    ctl.reconcile = slow  # type: ignore[method-assign]
+    first = threading.Thread(target=ctl.trigger, args=(NS, "demo"))
+    first.start()
+    entered.wait(5)
+    for _ in range(5):
+        assert ctl.trigger(NS, "demo") is None  # marked dirty, returns at once
+    release.set()
+    first.join(5)
+    assert len(runs) == 2  # the running thread went round once more, not five times
+
+
+@pytest.mark.parametrize(
+    ("body", "owner"),
+    [
+        (
+            {
+                "metadata": {
+                    "ownerReferences": [
+                        {"kind": "TrainingJob", "apiVersion": "kubetrain.io/v1alpha1", "name": "demo"}
+                    ]
+                }
+            },
+            "demo",
+        ),
+        (
+            {
+                "metadata": {
+                    "ownerReferences": [{"kind": "Job", "apiVersion": "batch/v1", "name": "demo-r0-w0"}],
+                    "annotations": {constants.ANNOTATION_JOB_NAME: "x" * 100},
+                }
+            },
+            "x" * 100,
+        ),
+        ({"metadata": {"labels": {constants.LABEL_JOB_NAME: "short"}}}, "short"),
+    ],
+)
+def test_child_events_find_their_trainingjob(body: dict[str, Any], owner: str) -> None:
+    assert handlers.owner_name(body) == owner
