@@ -48,9 +48,9 @@ class Cluster:
     def log_dir(self) -> Path:
         return self.directory / "logs"
 
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
-        """Run kubectl against this cluster and return its stdout; raise with stderr when it fails."""
-        result = subprocess.run(
+    def run_kubectl(self, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; the caller inspects exit code, stdout and stderr."""
+        return subprocess.run(
             [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
             input=input_text,
             capture_output=True,
@@ -58,6 +58,10 @@ class Cluster:
             timeout=120,
             check=False,
         )
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        """Run kubectl against this cluster and return its stdout; raise with stderr when it fails."""
+        result = self.run_kubectl(*args, input_text=input_text)
         if check and result.returncode != 0:
             raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout, result.stderr)
         return result.stdout

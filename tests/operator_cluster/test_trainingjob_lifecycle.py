@@ -1,0 +1,283 @@
+"""TrainingJobs on a real control plane, reconciled by the operator running as a real process.
+
+kwok plays the kubelet; pod annotations (see tests/testcluster/kwok.yaml) choose each worker's fate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from testcluster.cluster import Cluster
+from testcluster.operator_process import CreationCounter, OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+INVALID_MANIFESTS = (
+    Path(__file__).resolve().parents[1] / "operator" / "testdata" / "invalid-trainingjobs.yaml"
+)
+
+
+def _wait_for(predicate: Callable[[], Any], timeout: float, what: str, operator: OperatorProcess) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}\noperator log:\n{operator.log_tail()}"
+    )
+
+
+def _trainingjob(
+    name: str, *, workers: int = 2, annotations: dict[str, str] | None = None, **spec: Any
+) -> dict:
+    return {
+        "apiVersion": "kubetrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "registry.local/kubetrain-trainer:test",
+            "workers": workers,
+            "trainer": {"epochs": 1, "data": {"dataset": "fake"}},
+            "podAnnotations": annotations or {},
+            **spec,
+        },
+    }
+
+
+def _apply(cluster: Cluster, namespace: str, manifest: dict) -> None:
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+
+
+def _get(cluster: Cluster, namespace: str, *args: str) -> dict:
+    return json.loads(cluster.kubectl("-n", namespace, "get", *args, "-o", "json"))
+
+
+def _status(cluster: Cluster, namespace: str, name: str) -> dict:
+    return _get(cluster, namespace, "trainingjob", name).get("status") or {}
+
+
+def _phase_is(cluster: Cluster, namespace: str, name: str, phase: str) -> Callable[[], bool]:
+    return lambda: _status(cluster, namespace, name).get("phase") == phase
+
+
+def _children(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dict]:
+    return _get(cluster, namespace, kind, "-l", f"kubetrain.io/job-name={name}")["items"]
+
+
+def _env(job: dict) -> dict[str, str]:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item.get("value", "<from>") for item in container.get("env", [])}
+
+
+def test_trainingjob_runs_to_success_with_service_jobs_env_and_times(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    _apply(
+        cluster, namespace, _trainingjob("mnist", workers=3, annotations={"sim.kubetrain.io/run-for": "3s"})
+    )
+    _wait_for(lambda: len(_children(cluster, namespace, "jobs", "mnist")) == 3, 60, "three Jobs", operator)
+
+    services = _children(cluster, namespace, "services", "mnist")
+    assert len(services) == 1
+    assert services[0]["spec"]["clusterIP"] == "None"
+    assert services[0]["spec"]["publishNotReadyAddresses"] is True
+    service = services[0]["metadata"]["name"]
+
+    jobs = sorted(_children(cluster, namespace, "jobs", "mnist"), key=lambda j: j["metadata"]["name"])
+    ranks = set()
+    for job in jobs:
+        assert job["spec"]["backoffLimit"] == 0
+        assert job["metadata"]["ownerReferences"][0]["kind"] == "TrainingJob"
+        pod_spec = job["spec"]["template"]["spec"]
+        assert pod_spec["subdomain"] == service
+        env = _env(job)
+        assert env["WORLD_SIZE"] == "3"
+        assert env["PET_NNODES"] == "3"
+        assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"]
+        assert env["MASTER_ADDR"].startswith(f"{jobs[0]['spec']['template']['spec']['hostname']}.{service}.")
+        assert env["KUBETRAIN_JOB_NAME"] == "mnist"
+        ranks.add(env["RANK"])
+    assert ranks == {"0", "1", "2"}
+
+    cluster.kubectl("-n", namespace, "wait", "--for=condition=Succeeded", "tj/mnist", "--timeout=90s")
+    status = _status(cluster, namespace, "mnist")
+    assert status["phase"] == "Succeeded"
+    assert status["startTime"] <= status["completionTime"]
+    assert status["workers"]["succeeded"] == 3
+    assert status.get("restarts", 0) == 0
+    assert status["observedGeneration"] == 1
+
+    table = cluster.kubectl("-n", namespace, "get", "trainingjobs")
+    header = table.splitlines()[0].split()
+    for column in ("NAME", "PHASE", "READY", "RESTARTS", "AGE"):
+        assert column in header, table
+    assert "Succeeded" in table.splitlines()[1]
+
+
+def test_one_failed_worker_restarts_the_whole_group_exactly_once(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    counter = CreationCounter(cluster)
+    counter.start()
+    try:
+        controls = {"sim.kubetrain.io/exit-code": "11", "sim.kubetrain.io/fail-attempt": "0"}
+        manifest = _trainingjob("flaky", workers=3, annotations=controls)
+        manifest["spec"]["runPolicy"] = {"maxRestarts": 2}
+        _apply(cluster, namespace, manifest)
+        _wait_for(
+            _phase_is(cluster, namespace, "flaky", "Succeeded"), 120, "Succeeded after a restart", operator
+        )
+    finally:
+        counter.stop()
+    status = _status(cluster, namespace, "flaky")
+    assert status["restarts"] == 1
+    jobs = [key for key in counter.created if key[0] == "Job" and key[1] == namespace]
+    assert len(jobs) == 6, f"3 workers x 2 attempts, got {sorted(jobs)}"
+    assert not counter.duplicates()
+    remaining = _children(cluster, namespace, "jobs", "flaky")
+    assert {job["metadata"]["labels"]["kubetrain.io/restart-attempt"] for job in remaining} == {"1"}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Succeeded"]["status"] == "True"
+    events = cluster.kubectl(
+        "-n", namespace, "get", "events", "--field-selector", "involvedObject.name=flaky"
+    )
+    assert "Restart" in events, events
+
+
+def test_failures_beyond_max_restarts_fail_naming_worker_and_exit_code(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = _trainingjob("doomed", workers=2, annotations={"sim.kubetrain.io/exit-code": "11"})
+    manifest["spec"]["runPolicy"] = {"maxRestarts": 1}
+    _apply(cluster, namespace, manifest)
+    _wait_for(_phase_is(cluster, namespace, "doomed", "Failed"), 120, "Failed", operator)
+    status = _status(cluster, namespace, "doomed")
+    assert status["restarts"] == 1
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True"
+    assert "11" in failed["message"] and "worker" in failed["message"], failed
+    assert status["completionTime"]
+
+
+def test_non_retryable_exit_code_fails_at_once(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = _trainingjob("badconfig", workers=2, annotations={"sim.kubetrain.io/exit-code": "2"})
+    manifest["spec"]["runPolicy"] = {"maxRestarts": 3}
+    _apply(cluster, namespace, manifest)
+    _wait_for(_phase_is(cluster, namespace, "badconfig", "Failed"), 90, "Failed", operator)
+    status = _status(cluster, namespace, "badconfig")
+    assert status.get("restarts", 0) == 0
+    assert "2" in status["lastFailure"]["message"] or status["lastFailure"]["exitCode"] == 2
+
+
+def test_suspend_removes_workers_and_resume_recreates_them(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    _apply(
+        cluster, namespace, _trainingjob("queued", workers=2, annotations={"sim.kubetrain.io/hold": "true"})
+    )
+    _wait_for(_phase_is(cluster, namespace, "queued", "Running"), 60, "Running", operator)
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "tj",
+        "queued",
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
+    _wait_for(_phase_is(cluster, namespace, "queued", "Suspended"), 60, "Suspended", operator)
+    _wait_for(
+        lambda: not _children(cluster, namespace, "pods", "queued"), 60, "worker pods removed", operator
+    )
+    assert not _children(cluster, namespace, "jobs", "queued")
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "tj",
+        "queued",
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
+    _wait_for(_phase_is(cluster, namespace, "queued", "Running"), 60, "Running again", operator)
+    assert len(_children(cluster, namespace, "jobs", "queued")) == 2
+
+
+def test_deleting_a_trainingjob_cascades_to_every_child(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    _apply(cluster, namespace, _trainingjob("doomed-owner", annotations={"sim.kubetrain.io/hold": "true"}))
+    _wait_for(_phase_is(cluster, namespace, "doomed-owner", "Running"), 60, "Running", operator)
+    cluster.kubectl("-n", namespace, "delete", "tj", "doomed-owner", "--timeout=60s")
+    _wait_for(
+        lambda: (
+            not any(
+                _children(cluster, namespace, kind, "doomed-owner") for kind in ("jobs", "services", "pods")
+            )
+        ),
+        60,
+        "the garbage collector to remove Jobs, Service and pods",
+        operator,
+    )
+
+
+def test_operator_killed_mid_reconcile_creates_no_duplicates_and_every_job_finishes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    counter = CreationCounter(cluster)
+    counter.start()
+    names = [f"burst-{index}" for index in range(8)]
+    try:
+        for name in names:
+            _apply(
+                cluster,
+                namespace,
+                _trainingjob(name, workers=3, annotations={"sim.kubetrain.io/run-for": "2s"}),
+            )
+        for kill_after in (0.3, 1.0, 0.6):
+            time.sleep(kill_after)
+            operator.kill()
+            operator.start()
+        for name in names:
+            _wait_for(_phase_is(cluster, namespace, name, "Succeeded"), 180, f"{name} Succeeded", operator)
+    finally:
+        counter.stop()
+        if not operator.running:
+            operator.start()
+    assert not counter.duplicates()
+    jobs = [key for key in counter.created if key[0] == "Job" and key[1] == namespace]
+    services = [key for key in counter.created if key[0] == "Service" and key[1] == namespace]
+    assert len(jobs) == 3 * len(names)
+    assert len(services) == len(names)
+
+
+def test_api_server_refuses_invalid_trainingjobs_naming_the_field(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    documents = list(yaml.safe_load_all(INVALID_MANIFESTS.read_text()))
+    assert len(documents) >= 20
+    errors = []
+    for document in documents:
+        name = document["metadata"]["name"]
+        field = document["metadata"]["annotations"]["kubetrain.test/expect-field"]
+        leaf = [part for part in field.replace("[", ".").replace("]", "").split(".") if not part.isdigit()][
+            -1
+        ]
+        result = cluster.run_kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(document))
+        if result.returncode == 0 or leaf not in result.stderr:
+            errors.append(f"{name}: exit {result.returncode}, expected {field!r} in: {result.stderr.strip()}")
+    assert not errors, "\n".join(errors)
+    assert _get(cluster, namespace, "trainingjobs")["items"] == []
+    assert _get(cluster, namespace, "jobs")["items"] == []
