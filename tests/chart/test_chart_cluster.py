@@ -1,0 +1,353 @@
+"""The chart on the real test control plane: install, upgrade, uninstall, Pod Security and RBAC.
+
+kwok simulates the kubelets, so the operator's pod never runs its image here; what is real is the API
+server: CRD registration, PodSecurity admission, the controllers creating pods, and RBAC decisions for
+the chart's ServiceAccount (asked with that account's own token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chartkit import (
+    CHART_DIR,
+    CLUSTER_WIDE_NEEDS,
+    FORBIDDEN_RESOURCES,
+    NOT_NEEDED,
+    OPERATOR_NEEDS,
+    PEERING_NEEDS_NAMESPACED,
+    helm,
+    values_file,
+)
+from testcluster.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+CRD = "trainingjobs.kubetrain.io"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+RELEASE_KINDS = (
+    "deployments.apps",
+    "serviceaccounts",
+    "services",
+    "roles.rbac.authorization.k8s.io",
+    "rolebindings.rbac.authorization.k8s.io",
+    "kopfpeerings.kopf.dev",
+)
+CLUSTER_KINDS = (
+    "clusterroles.rbac.authorization.k8s.io",
+    "clusterrolebindings.rbac.authorization.k8s.io",
+    "clusterkopfpeerings.kopf.dev",
+)
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json"))
+
+
+class Chart:
+    """helm against the test cluster, with helm's own state in a temporary directory."""
+
+    def __init__(self, cluster: Cluster, helm_bin: Path, directory: Path) -> None:
+        self.cluster = cluster
+        self.helm_bin = helm_bin
+        self.directory = directory
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "HELM_CACHE_HOME": str(directory / "cache"),
+            "HELM_CONFIG_HOME": str(directory / "config"),
+            "HELM_DATA_HOME": str(directory / "data"),
+        }
+
+    def run(self, *args: str, check: bool = True) -> str:
+        return helm(self.helm_bin, *args, check=check, env=self.env)
+
+    def install(self, release: str, namespace: str, values: dict[str, Any], *, upgrade: bool = False) -> str:
+        verb = ["upgrade"] if upgrade else ["install"]
+        return self.run(
+            *verb,
+            release,
+            str(CHART_DIR),
+            "--namespace",
+            namespace,
+            "-f",
+            str(values_file(self.directory, values)),
+        )
+
+    def uninstall(self, release: str, namespace: str) -> str:
+        return self.run("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
+
+
+@pytest.fixture
+def chart(cluster: Cluster, helm_bin: Path, tmp_path: Path) -> Chart:
+    return Chart(cluster, helm_bin, tmp_path)
+
+
+@pytest.fixture
+def other_namespace(cluster: Cluster) -> Iterator[str]:
+    """A second namespace, for what the operator watches (or must not reach)."""
+    name = f"o-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def release(chart: Chart, namespace: str) -> Iterator[str]:
+    """A release name unique to the test (cluster-scoped names derive from it); uninstalled afterwards."""
+    name = f"r{namespace[2:]}"
+    try:
+        yield name
+    finally:
+        chart.run("uninstall", name, "--namespace", namespace, check=False)
+
+
+def fullname(release: str) -> str:
+    return f"{release}-kubetrain"
+
+
+def operator_pods(cluster: Cluster, namespace: str, release: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    return get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+
+
+def label_restricted(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl(
+        "label", "namespace", namespace, *(f"{k}={v}" for k, v in RESTRICTED.items()), "--overwrite"
+    )
+
+
+def test_install_in_a_restricted_namespace_registers_the_crd_and_the_operator_pod_is_admitted(
+    cluster: Cluster, chart: Chart, namespace: str, release: str
+) -> None:
+    label_restricted(cluster, namespace)
+    # Control: the namespace really enforces `restricted`, so the operator pod's admission below means
+    # something. A root, privileged pod is refused.
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
+    }
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        cluster.kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(probe))
+    assert "PodSecurity" in refused.value.stderr, refused.value.stderr
+
+    output = chart.install(release, namespace, {"watchNamespaces": [namespace]})
+    assert "STATUS: deployed" in output
+
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    assert "FIELD: workers" in cluster.kubectl("explain", "trainingjob.spec.workers")  # served, with schema
+    deployment = get_json(cluster, "deployment", fullname(release), "-n", namespace)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname(release)
+
+    pods = wait_for(lambda: operator_pods(cluster, namespace, release), "the operator pod to be created")
+    assert len(pods) == 1
+    assert pods[0]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    wait_for(
+        lambda: operator_pods(cluster, namespace, release)[0]["status"].get("phase") == "Running",
+        "kwok to run the operator pod",
+    )
+    failed = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=FailedCreate")["items"]
+    assert not failed, [event["message"] for event in failed]
+
+
+def test_upgrade_with_changed_values_rolls_the_deployment_and_swaps_cluster_rbac_for_roles(
+    cluster: Cluster, chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    chart.install(release, namespace, {})
+    before = get_json(cluster, "deployment", fullname(release), "-n", namespace)
+    cluster.kubectl("get", "clusterrole", fullname(release))
+
+    values = {
+        "watchNamespaces": [other_namespace],
+        "image": {
+            "operator": {"repository": "ghcr.io/kubetrain/kubetrain-operator", "tag": "0.1.1"},
+            "trainer": {"repository": "ghcr.io/kubetrain/kubetrain-trainer", "tag": "0.1.1"},
+        },
+        "workers": 4,
+    }
+    assert "STATUS: deployed" in chart.install(release, namespace, values, upgrade=True)
+
+    after = get_json(cluster, "deployment", fullname(release), "-n", namespace)
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    container = after["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/kubetrain/kubetrain-operator:0.1.1"
+    assert f"--namespace={other_namespace}" in container["args"]
+    assert "--all-namespaces" not in container["args"]
+    assert "--workers=4" in container["args"]
+    assert "--default-image=ghcr.io/kubetrain/kubetrain-trainer:0.1.1" in container["args"]
+    # Narrowing the scope takes the cluster-wide grant away and puts a Role where the operator now works.
+    assert not cluster.kubectl("get", "clusterrole,clusterrolebinding", "--ignore-not-found",
+                               "-l", f"app.kubernetes.io/instance={release}", "-o", "name")  # fmt: skip
+    role = get_json(cluster, "role", fullname(release), "-n", other_namespace)
+    assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+    history = yaml.safe_load(chart.run("history", release, "--namespace", namespace, "-o", "yaml"))
+    assert [entry["revision"] for entry in history] == [1, 2]
+
+
+def test_uninstall_leaves_nothing_but_the_crds(
+    cluster: Cluster, chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """Everything from templates/ goes; CRDs from crds/ stay by Helm's design (deleting a CRD would
+    delete every TrainingJob in the cluster), as NOTES.txt tells the user."""
+    chart.install(release, namespace, {"watchNamespaces": [other_namespace], "peering": {"enabled": True}})
+    selector = f"app.kubernetes.io/instance={release}"
+    created = cluster.kubectl("get", ",".join(RELEASE_KINDS), "-A", "-l", selector, "-o", "name")
+    for kind in (
+        "deployment.apps/",
+        "serviceaccount/",
+        "service/",
+        "role.rbac",
+        "rolebinding.rbac",
+        "kopfpeering",
+    ):
+        assert kind in created, f"{kind} missing before uninstall:\n{created}"
+
+    chart.uninstall(release, namespace)
+
+    leftovers = cluster.kubectl(
+        "get", ",".join(RELEASE_KINDS + CLUSTER_KINDS), "-A", "-l", selector, "-o", "name"
+    )
+    assert not leftovers.strip(), leftovers
+    wait_for(lambda: not operator_pods(cluster, namespace, release), "the operator pod to go away")
+    assert not chart.run("list", "--namespace", namespace, "-q").strip()
+    for crd in (CRD, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
+        cluster.kubectl("get", "crd", crd)
+
+
+def write_token_kubeconfig(cluster: Cluster, path: Path, token: str) -> Path:
+    """A kubeconfig that authenticates only with `token` (no client certificate to fall back on)."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [
+            {"name": "operator", "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"}}
+        ],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, release: str, directory: Path) -> Path:
+    token = cluster.kubectl("create", "token", fullname(release), "-n", namespace, "--duration=30m").strip()
+    return write_token_kubeconfig(cluster, directory / "operator.kubeconfig", token)
+
+
+def can_i(
+    cluster: Cluster, kubeconfig: Path, checks: list[tuple[str | None, str, str, str]]
+) -> dict[tuple[str | None, str, str, str], bool]:
+    """Ask the API server, as the kubeconfig's user, about (namespace, group, resource, verb) checks.
+
+    The same SelfSubjectAccessReview that `kubectl auth can-i` sends, all in one kubectl call.
+    """
+    reviews = []
+    for namespace, group, resource, verb in checks:
+        plural, _, subresource = resource.partition("/")
+        attributes = {"group": group, "resource": plural, "verb": verb}
+        if subresource:
+            attributes["subresource"] = subresource
+        if namespace:
+            attributes["namespace"] = namespace
+        reviews.append({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        })  # fmt: skip
+    kubectl = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    result = subprocess.run(
+        [*kubectl, "create", "-f", "-", "-o", "json"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": reviews}),
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    # kubectl prints one JSON object per created review, back to back.
+    decoder, text, items = json.JSONDecoder(), result.stdout.strip(), []
+    while text:
+        item, end = decoder.raw_decode(text)
+        items.append(item)
+        text = text[end:].lstrip()
+    assert len(items) == len(checks)
+    return {check: item["status"]["allowed"] for check, item in zip(checks, items, strict=True)}
+
+
+def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_where_it_works(
+    chart: Chart, namespace: str, other_namespace: str, release: str, tmp_path: Path
+) -> None:
+    cluster = chart.cluster
+    chart.install(release, namespace, {"watchNamespaces": [other_namespace], "peering": {"enabled": True}})
+    kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
+    # Sanity: the kubeconfig really is the ServiceAccount, not the admin.
+    whoami = json.loads(subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "auth", "whoami", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout)  # fmt: skip
+    assert (
+        whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:{fullname(release)}"
+    )
+
+    needed = [(other_namespace, *need) for need in OPERATOR_NEEDS + PEERING_NEEDS_NAMESPACED]
+    refused = [
+        *((other_namespace, "", resource, verb) for resource in FORBIDDEN_RESOURCES if resource != "nodes"
+          for verb in ("get", "list", "watch", "create")),
+        *((other_namespace, *extra) for extra in NOT_NEEDED),
+        # Not watched: its own namespace and any other.
+        *((namespace, *need) for need in OPERATOR_NEEDS),
+        *(("default", *need) for need in OPERATOR_NEEDS),
+        # Nothing cluster-scoped at all.
+        *((None, *need) for need in CLUSTER_WIDE_NEEDS),
+        (None, "", "namespaces", "list"),
+        (None, "", "nodes", "list"),
+    ]  # fmt: skip
+    answers = can_i(cluster, kubeconfig, needed + refused)
+    assert [check for check in needed if not answers[check]] == []
+    assert [check for check in refused if answers[check]] == []
+
+
+def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and_no_secrets(
+    chart: Chart, namespace: str, other_namespace: str, release: str, tmp_path: Path
+) -> None:
+    cluster = chart.cluster
+    chart.install(release, namespace, {})
+    kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
+    everywhere = (namespace, other_namespace, "default")
+    needed = [(ns, *need) for ns in everywhere for need in OPERATOR_NEEDS]
+    needed += [(None, *need) for need in CLUSTER_WIDE_NEEDS]
+    refused = [
+        (ns, "", resource, verb)
+        for ns in (*everywhere, None)
+        for resource in FORBIDDEN_RESOURCES
+        for verb in ("get", "list", "watch")
+    ]
+    refused += [(other_namespace, *extra) for extra in NOT_NEEDED]
+    refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # peering is off
+    answers = can_i(cluster, kubeconfig, needed + refused)
+    assert [check for check in needed if not answers[check]] == []
+    assert [check for check in refused if answers[check]] == []
