@@ -240,12 +240,11 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates_and_every_job_finis
     counter.start()
     names = [f"burst-{index}" for index in range(8)]
     try:
-        for name in names:
-            _apply(
-                cluster,
-                namespace,
-                _trainingjob(name, workers=3, annotations={"sim.kubetrain.io/run-for": "2s"}),
-            )
+        # One request for all eight, so the first SIGKILL lands while the operator is still creating children.
+        burst = [
+            _trainingjob(name, workers=3, annotations={"sim.kubetrain.io/run-for": "2s"}) for name in names
+        ]
+        _apply(cluster, namespace, {"apiVersion": "v1", "kind": "List", "items": burst})
         for kill_after in (0.3, 1.0, 0.6):
             time.sleep(kill_after)
             operator.kill()
