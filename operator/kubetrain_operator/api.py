@@ -114,9 +114,9 @@ class Resources(_Model):
     model_config = ConfigDict(
         json_schema_extra=_extra(
             _cel(
-                "!has(self.requests) || !has(self.limits) || "
-                "self.requests.all(k, !(k in self.limits) || k != 'nvidia.com/gpu' "
-                "|| string(self.requests[k]) == string(self.limits[k]))",
+                "!has(self.requests) || !has(self.limits) || !('nvidia.com/gpu' in self.requests) "
+                "|| !('nvidia.com/gpu' in self.limits) "
+                "|| string(self.requests['nvidia.com/gpu']) == string(self.limits['nvidia.com/gpu'])",
                 "resources.requests['nvidia.com/gpu'] must equal resources.limits['nvidia.com/gpu']",
             )
         )

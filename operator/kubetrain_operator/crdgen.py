@@ -7,6 +7,7 @@ Pydantic's JSON schema is not a Kubernetes structural schema, so it is rewritten
 - `anyOf` of integer and string becomes `x-kubernetes-int-or-string` (quantities, nprocPerWorker);
 - `additionalProperties: false` is dropped (the API server prunes and `kubectl` refuses unknown fields),
   free-form objects (`dict[str, Any]`) get `x-kubernetes-preserve-unknown-fields`;
+- exclusive bounds become OpenAPI v3.0 booleans (`exclusiveMaximum: true` beside `maximum`);
 - titles and null defaults are dropped; descriptions, defaults, bounds, enums, patterns and CEL rules stay.
 
 `kubetrain crds` writes the result to `crds/` and to the Helm chart; `kubetrain crds --check` (and a unit
@@ -134,6 +135,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
     if node.pop("x-kubetrain-quantity", False):
         raise SchemaError(f"{path}: a quantity must be int | str")
 
+    # JSON Schema 2020 numbers its exclusive bounds; OpenAPI v3.0 (Kubernetes) flags the inclusive ones.
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if exclusive in node and not isinstance(node[exclusive], bool):
+            node[bound] = node.pop(exclusive)
+            node[exclusive] = True
     if "const" in node:
         node["enum"] = [node["const"]]
     for key in _DROP_KEYS:

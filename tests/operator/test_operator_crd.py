@@ -49,6 +49,8 @@ def test_schema_is_structural() -> None:
         assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
         assert node.get("additionalProperties") is not False, path
         assert node.get("nullable") is not True, path
+        for flag in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(flag, False), bool), path  # OpenAPI v3.0, not JSON Schema 2020
         if node["type"] == "object" and "properties" in node:
             assert "additionalProperties" not in node, path
 
@@ -155,9 +157,13 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
         raise _RefusedError(path)
     if "enum" in node and value not in node["enum"]:
         raise _RefusedError(path)
-    if "minimum" in node and value < node["minimum"]:
+    if "minimum" in node and (
+        value < node["minimum"] or (node.get("exclusiveMinimum") and value == node["minimum"])
+    ):
         raise _RefusedError(path)
-    if "maximum" in node and value > node["maximum"]:
+    if "maximum" in node and (
+        value > node["maximum"] or (node.get("exclusiveMaximum") and value == node["maximum"])
+    ):
         raise _RefusedError(path)
     if kind == "string":
         if len(value) < node.get("minLength", 0) or len(value) > node.get("maxLength", 10**9):
