@@ -4,7 +4,7 @@
                        [--liveness URL] [--peering NAME --priority N] [--posting-level LEVEL]
     kubetrain crds [--check] [--root DIR]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
-    kubetrain run ...                      (reserved: local mode, not implemented yet)
+    kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
 
 The trainer subcommands are delegated before argparse sees them, with argv starting at the subcommand
 word, and import the trainer lazily so the operator never imports torch.
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "--posting-level", default=env.posting_level, help="kopf log level posted as k8s Events (WARNING)"
     )
     op.add_argument("--workers", type=int, default=env.workers, help="threads for sync handlers")
+    op.add_argument("--verbose", "-v", action="store_true", help="kopf debug logging, a line per event")
     op.add_argument(
         "--resync-seconds",
         type=float,
@@ -73,7 +74,23 @@ def _parser() -> argparse.ArgumentParser:
 
     for name in TRAINER_COMMANDS:
         sub.add_parser(name, help=f"trainer: {name} (see `kubetrain {name} --help`)", add_help=False)
-    sub.add_parser("run", help="reserved: run a TrainingJob locally (not implemented yet)")
+    run = sub.add_parser(
+        "run",
+        help="run a TrainingJob's workers as local processes (--local), no cluster needed",
+        description="Render the TrainingJob's worker pods with the operator's builders and run each "
+        "container command locally with exactly that env (master on loopback), restarting the group "
+        "as the operator would; prints the final status.",
+    )
+    run.add_argument("-f", "--filename", type=Path, required=True, help="TrainingJob manifest (YAML)")
+    run.add_argument("--local", action="store_true", required=True, help="run here (the only mode)")
+    run.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="local directory for spec.storage volume NAME (default: hostPath's path or WORKDIR/NAME)",
+    )
+    run.add_argument("--workdir", type=Path, default=Path("runs"), help="where unmapped volumes live")
     return parser
 
 
@@ -114,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             posting_level=args.posting_level,
             workers=args.workers,
             resync_seconds=args.resync_seconds,
+            verbose=args.verbose,
         )
         run(options)
         return 0
     if args.command == "run":
-        print("kubetrain run: local mode is not implemented yet", file=sys.stderr)
-        return 2
+        from kubetrain_operator import localrun
+
+        return localrun.main(args.filename, args.mount, args.workdir)
     return 2
 
 

@@ -209,6 +209,7 @@ class Controller:
         except InvalidChildError as exc:
             outcome.invalid = self._fail_invalid(body, plan, str(exc))
         for event in plan.events:
+            logger.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
             self._post_event_safely((namespace, name), event.type, event.reason, event.message, body)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background")

@@ -12,7 +12,8 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
   distinct `--priority` per replica, or equal-priority replicas all pause); default standalone;
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
   become Events on the TrainingJob (the operator posts its own transition Events regardless);
-- `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor).
+- `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor);
+- `--verbose`: kopf's debug logging, including a line per handled child event.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Options:
     posting_level: str = "WARNING"
     workers: int = 16
     resync_seconds: float = reconcile.RESYNC_SECONDS
+    verbose: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Options:
@@ -123,7 +125,11 @@ def run(options: Options) -> None:
     _state["options"] = options
     from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=False)
+    kopf.configure(verbose=options.verbose)
+    if not options.verbose:
+        # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
+        # The controller logs every transition it acts on at INFO.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=options.all_namespaces,
         namespaces=options.watched_namespaces(),
