@@ -78,6 +78,8 @@ class Observed:
     ) -> Observed:
         meta = body.get("metadata", {})
         uid = meta.get("uid", "")
+        own_jobs = [j for j in jobs if observe.owned_by(j, uid)]
+        job_uids = {j.get("metadata", {}).get("uid") for j in own_jobs}
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", "default"),
@@ -86,8 +88,9 @@ class Observed:
             status=body.get("status") or {},
             generation=meta.get("generation"),
             service=service if service is None or observe.owned_by(service, uid) else None,
-            jobs=[j for j in jobs if observe.owned_by(j, uid)],
-            pods=list(pods),
+            jobs=own_jobs,
+            # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
+            pods=[p for p in pods if any(observe.owned_by(p, u) for u in job_uids if u)],
         )
 
 

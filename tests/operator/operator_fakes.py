@@ -98,6 +98,15 @@ def pod(
     job_name = names.worker_job_name(name, attempt, index)
     meta = copy.deepcopy(template["metadata"])
     meta.update(name=f"{job_name}-abcde", namespace=NS, creationTimestamp=T0)
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job_name,
+            "uid": f"job-{attempt}-{index}",
+            "controller": True,
+        }
+    ]
     if progress is not None:
         meta.setdefault("annotations", {})["kubetrain.io/progress"] = json.dumps(progress)
     container: dict[str, Any] = {"name": constants.CONTAINER_NAME, "state": {}}

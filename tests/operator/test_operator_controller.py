@@ -108,6 +108,7 @@ class FakeKube:
             this_phase = "Failed" if code else phase
             p = pod(index, attempt, phase=this_phase, exit_code=code, ready=this_phase == "Running")
             p["metadata"]["name"] = f"{name}-abcde"
+            p["metadata"]["ownerReferences"][0]["uid"] = obj["metadata"]["uid"]
             self.objects[("Pod", ns, p["metadata"]["name"])] = p
 
     def status(self, name: str = "demo") -> dict[str, Any]:

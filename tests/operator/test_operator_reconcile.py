@@ -462,3 +462,10 @@ def test_children_of_another_trainingjob_with_the_same_name_are_ignored() -> Non
 def test_custom_command_jobs_are_planned_too() -> None:
     p = _plan(spec=command_spec(workers=3), status={})
     assert _created(p) == ["demo-r0-w0", "demo-r0-w1", "demo-r0-w2"]
+
+
+def test_pods_of_a_deleted_namesakes_jobs_are_ignored() -> None:
+    stray = pod(0, phase="Failed", exit_code=2)
+    stray["metadata"]["ownerReferences"][0]["uid"] = "job-of-an-earlier-trainingjob"
+    p = _plan(status=STARTED, jobs=[job(0), job(1)], pods=[stray, pod(1, phase="Running")])
+    assert p.status["phase"] != "Failed"
