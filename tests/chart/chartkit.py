@@ -7,6 +7,8 @@ the API server, with the chart's ServiceAccount token, whether each one is allow
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -114,3 +116,34 @@ def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     containers = deployment["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["operator"]
     return containers[0]
+
+
+# --- Dockerfiles
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    pairs = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            keyword, _, rest = stripped.partition(" ")
+            pairs.append((keyword.upper(), rest.strip()))
+    return pairs
+
+
+def last_stage(dockerfile: Path) -> list[tuple[str, str]]:
+    steps = instructions(dockerfile)
+    starts = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
+    return steps[starts[-1] :]
+
+
+def exec_form(dockerfile: Path, keyword: str) -> list[str]:
+    """The JSON (exec) form of ENTRYPOINT or CMD in the final stage; shell form is refused."""
+    values = [rest for key, rest in last_stage(dockerfile) if key == keyword]
+    if not values:
+        return []
+    parsed = json.loads(values[-1])
+    assert isinstance(parsed, list) and all(isinstance(part, str) for part in parsed), values[-1]
+    return parsed

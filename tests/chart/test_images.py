@@ -9,7 +9,6 @@ the trainer). That proves the entrypoint exists and works with exactly the image
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -18,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from chartkit import REPO_ROOT
+from chartkit import REPO_ROOT, exec_form, instructions, last_stage
 from kubetrain_operator import builders
 
 pytestmark = pytest.mark.unit
@@ -34,34 +33,6 @@ ABSENT_FROM_IMAGE = {
     "trainer": ("kopf", "kubernetes", "prometheus_client"),
 }
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?$")
-
-
-def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    pairs = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            keyword, _, rest = stripped.partition(" ")
-            pairs.append((keyword.upper(), rest.strip()))
-    return pairs
-
-
-def last_stage(dockerfile: Path) -> list[tuple[str, str]]:
-    steps = instructions(dockerfile)
-    starts = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
-    return steps[starts[-1] :]
-
-
-def exec_form(dockerfile: Path, keyword: str) -> list[str]:
-    """The JSON (exec) form of ENTRYPOINT or CMD in the final stage; shell form is refused."""
-    values = [rest for key, rest in last_stage(dockerfile) if key == keyword]
-    if not values:
-        return []
-    parsed = json.loads(values[-1])
-    assert isinstance(parsed, list) and all(isinstance(part, str) for part in parsed), values[-1]
-    return parsed
 
 
 def run_hadolint(*paths: Path) -> subprocess.CompletedProcess[str]:
