@@ -81,6 +81,7 @@ class Controller:
         self._keys: dict[Key, _KeyState] = {}
         self._active: dict[Key, bool] = {}
         self._heap: list[tuple[float, Key]] = []
+        self._due: dict[Key, float] = {}
         self._wake = threading.Condition(self._lock)
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -138,9 +139,18 @@ class Controller:
         return outcome
 
     def schedule(self, key: Key, delay: float) -> None:
-        """Trigger `key` again after `delay` seconds (from the scheduler's threads)."""
+        """Trigger `key` again after `delay` seconds (from the scheduler's threads).
+
+        At most one pending wake-up per job: a later request than the pending one is dropped (the earlier
+        reconcile asks again for what it still needs), an earlier one replaces it.
+        """
+        due = time.monotonic() + max(0.0, delay)
         with self._lock:
-            heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay), key))
+            pending = self._due.get(key)
+            if pending is not None and pending <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._heap, (due, key))
             self._wake.notify()
 
     def forget(self, namespace: str, name: str) -> None:
@@ -171,7 +181,10 @@ class Controller:
                 due: set[Key] = set()
                 now = time.monotonic()
                 while self._heap and self._heap[0][0] <= now:
-                    due.add(heapq.heappop(self._heap)[1])
+                    when, key = heapq.heappop(self._heap)
+                    if self._due.get(key) == when:  # else superseded by an earlier wake-up
+                        del self._due[key]
+                        due.add(key)
             for key in due:
                 self._pool.submit(self.trigger, *key)
 

@@ -251,6 +251,30 @@ def test_triggers_for_one_job_coalesce_while_it_reconciles() -> None:
     assert len(runs) == 2  # the running thread went round once more, not five times
 
 
+def test_one_pending_wake_up_per_job() -> None:
+    ctl = _controller(FakeKube())
+    for delay in (60, 60, 30, 90, 60):
+        ctl.schedule((NS, "demo"), delay)
+    ctl.schedule((NS, "other"), 5)
+    assert len(ctl._due) == 2
+    assert len(ctl._heap) == 3  # 60, then the earlier 30, and "other"; the later requests were dropped
+
+
+def test_the_scheduler_triggers_due_jobs() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.start()
+    try:
+        ctl.schedule((NS, "demo"), 0)
+        for _ in range(50):
+            if fake.creations:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        ctl.stop()
+    assert ("Job", "demo-r0-w0") in fake.creations
+
+
 @pytest.mark.parametrize(
     ("body", "owner"),
     [
