@@ -221,6 +221,11 @@ class Controller:
                 self._create(manifest)
         except InvalidChildError as exc:
             outcome.invalid = self._fail_invalid(body, plan, str(exc))
+        except kube.ApiError as exc:
+            # Quota exceeded, forbidden, server trouble: say so in status (a job must never look fine
+            # while nothing can be created), then let the error schedule a retry with backoff.
+            self._report_failed_create(body, plan, exc)
+            raise
         for event in plan.events:
             logger.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
             self._post_event_safely((namespace, name), event.type, event.reason, event.message, body)
@@ -248,6 +253,21 @@ class Controller:
                     f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: {exc.message}"
                 ) from exc
             raise
+
+    def _report_failed_create(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> None:
+        meta = body["metadata"]
+        message = f"cannot create worker objects: {exc.status} {exc.reason}: {exc.message}"
+        if plan.status.get("pendingMessage") == message:
+            return
+        status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
+        try:
+            self.kube.patch_status(meta["namespace"], meta["name"], status, None)
+        except kube.ApiError as patch_error:
+            logger.warning(
+                "could not record FailedCreate on %s/%s: %s", meta["namespace"], meta["name"], patch_error
+            )
+            return
+        self._post_event_safely((meta["namespace"], meta["name"]), "Warning", "FailedCreate", message, body)
 
     def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
         meta = body["metadata"]

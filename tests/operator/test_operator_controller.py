@@ -218,6 +218,20 @@ def test_ttl_deletes_the_trainingjob() -> None:
     assert (constants.KIND, NS, "demo") not in fake.objects
 
 
+def test_a_refused_creation_shows_in_status_and_is_retried() -> None:
+    fake = _fake_with_job()
+    fake.fail_create["demo-r0-w1"] = kube.ApiError(403, "Forbidden", "exceeded quota: gpus, requested: 8")
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None
+    assert fake.status()["pendingReason"] == "FailedCreate"
+    assert "exceeded quota" in fake.status()["pendingMessage"]
+    assert [e["reason"] for e in fake.events][-1] == "FailedCreate"
+    assert ctl._due  # retried later
+    del fake.fail_create["demo-r0-w1"]
+    ctl.trigger(NS, "demo")
+    assert ("Job", "demo-r0-w1") in fake.creations
+
+
 def test_errors_are_retried_with_backoff_and_do_not_escape() -> None:
     fake = _fake_with_job()
     fake.fail_create["demo-r0-w0"] = kube.ApiError(500, "InternalError", "etcd is sad")
