@@ -157,21 +157,42 @@ def plan_local_workers(
     context = builders.Context(
         owner=owner, spec=job.spec, restart_attempt=restart_attempt, default_image=default_image
     )
-    workers = []
-    for index, worker_job in enumerate(builders.build_worker_jobs(context)):
-        container = worker_job["spec"]["template"]["spec"]["containers"][0]
-        env = _resolve_env(container.get("env", []), worker_job["metadata"]["name"], namespace, directories)
-        local_master = {
+    return [
+        local_worker(
+            index,
+            worker_job["spec"]["template"]["spec"]["containers"][0],
+            pod_name=worker_job["metadata"]["name"],
+            namespace=namespace,
+            directories=directories,
+            master_port=master_port,
+        )
+        for index, worker_job in enumerate(builders.build_worker_jobs(context))
+    ]
+
+
+def local_worker(
+    index: int,
+    container: Mapping[str, Any],
+    *,
+    pod_name: str,
+    namespace: str,
+    directories: Mapping[str, Path],
+    master_port: int,
+) -> LocalWorker:
+    """One rendered worker container as a local process; the master moves to 127.0.0.1:`master_port`."""
+    env = _resolve_env(container.get("env", []), pod_name, namespace, directories)
+    env.update(
+        {
             contract.MASTER_ADDR: "127.0.0.1",
             contract.PET_MASTER_ADDR: "127.0.0.1",
             contract.MASTER_PORT: str(master_port),
             contract.PET_MASTER_PORT: str(master_port),
         }
-        env.update(local_master)
-        argv = [*container.get("command", []), *container.get("args", [])]
-        argv = [_rewrite_path(_expand(arg, env), directories) for arg in argv]
-        workers.append(LocalWorker(index=index, argv=argv, env=env))
-    return workers
+    )
+    argv = [*container.get("command", []), *container.get("args", [])]
+    return LocalWorker(
+        index=index, argv=[_rewrite_path(_expand(arg, env), directories) for arg in argv], env=env
+    )
 
 
 def free_port() -> int:
