@@ -339,6 +339,10 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
+    if missing and status["pendingReason"] is None and obs.status.get("pendingReason") == "FailedCreate":
+        # The controller recorded why creating workers failed; keep saying so until they exist.
+        status["pendingReason"] = "FailedCreate"
+        status["pendingMessage"] = obs.status.get("pendingMessage")
     reason = status.get("pendingReason")
     if reason and reason not in QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))

@@ -469,3 +469,14 @@ def test_pods_of_a_deleted_namesakes_jobs_are_ignored() -> None:
     stray["metadata"]["ownerReferences"][0]["uid"] = "job-of-an-earlier-trainingjob"
     p = _plan(status=STARTED, jobs=[job(0), job(1)], pods=[stray, pod(1, phase="Running")])
     assert p.status["phase"] != "Failed"
+
+
+def test_a_failed_creation_stays_reported_until_the_workers_exist() -> None:
+    failed = dict(STARTED, phase="Pending", pendingReason="FailedCreate", pendingMessage="403 exceeded quota")
+    p = _plan(status=failed, jobs=[job(0)], pods=[pod(0, phase="Running")])
+    assert (p.status["pendingReason"], p.status["pendingMessage"]) == ("FailedCreate", "403 exceeded quota")
+    assert not [e for e in p.events if e.reason == "FailedCreate"]  # the controller posted it already
+    done = _plan(
+        status=failed, jobs=[job(0), job(1)], pods=[pod(0, phase="Running"), pod(1, phase="Running")]
+    )
+    assert done.status["pendingReason"] is None
