@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,40 @@ def test_blocker_really_hides_a_module(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "is not installed in this image" in result.stderr
+
+
+def test_wheel_the_dockerfiles_install_builds_from_the_admitted_context(tmp_path: Path) -> None:
+    """Replays the build stage: only what the COPY lines bring in, `pip wheel --no-deps`, and the
+    result is the wheel the final stage installs, with both packages and the `kubetrain` command.
+
+    --no-build-isolation uses this virtualenv's setuptools so the test needs no network.
+    """
+    context = tmp_path / "src"
+    context.mkdir()
+    for key, rest in instructions(DOCKERFILES["operator"]):
+        if key == "COPY" and not rest.startswith("--from"):
+            *sources, _ = rest.split()
+            for source in sources:
+                origin = REPO_ROOT / source
+                if origin.is_dir():
+                    shutil.copytree(
+                        origin, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+                    )
+                else:
+                    shutil.copy2(origin, context / source)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+         str(wheels), str(context)],
+        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    built = [path.name for path in wheels.glob("*.whl")]
+    installs = [
+        rest for key, rest in last_stage(DOCKERFILES["operator"]) if key == "RUN" and "pip install" in rest
+    ]
+    assert len(built) == 1 and f"/wheels/{built[0]}[" in installs[0], (built, installs)
+    with zipfile.ZipFile(wheels / built[0]) as wheel:
+        names = set(wheel.namelist())
+        entry_points = next(wheel.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    assert {"kubetrain_operator/cli.py", "kubetrain_operator/main.py", "kubetrain_trainer/cli.py"} <= names
+    assert "kubetrain = kubetrain_operator.cli:main" in entry_points
