@@ -24,6 +24,8 @@ from kubetrain_trainer import atomic, contract
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_ACCOUNT_DIR_ENV = "KUBETRAIN_SERVICE_ACCOUNT_DIR"
+"""Overrides SERVICE_ACCOUNT_DIR: for processes that play a pod outside one (the test suite's kubelet)."""
 _PATCH_TIMEOUT_SECONDS = 5.0
 
 
@@ -56,13 +58,14 @@ class PodAnnotator:
         """An annotator when running in a pod with a service-account token, else None (local runs)."""
         pod = os.environ.get(contract.POD_NAME)
         namespace = os.environ.get(contract.POD_NAMESPACE)
-        token = SERVICE_ACCOUNT_DIR / "token"
+        account_dir = Path(os.environ.get(SERVICE_ACCOUNT_DIR_ENV, SERVICE_ACCOUNT_DIR))
+        token = account_dir / "token"
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         if not (pod and namespace and host and token.is_file()):
             return None
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", namespace, pod, token, SERVICE_ACCOUNT_DIR / "ca.crt")
+        return cls(f"https://{host}:{port}", namespace, pod, token, account_dir / "ca.crt")
 
     def patch(self, record: dict[str, Any]) -> bool:
         """Set the annotation to `record`; returns False (after a warning) when the API refused or failed."""
