@@ -283,7 +283,11 @@ class EnvVar(_Model):
             "PET_*, KUBETRAIN_*) are refused."
         ),
     )
-    value: str | None = Field(None, max_length=32768, description="value of the variable.")
+    value: str | None = Field(
+        None,
+        max_length=32768,
+        description="value of the variable; may refer to earlier ones as $(NAME), e.g. $(RANK).",
+    )
     value_from: dict[str, Any] | None = Field(
         None,
         description=(
@@ -509,7 +513,8 @@ class TrainingJobSpec(_Model):
         description=(
             "command runs your own program instead of the built-in trainer, e.g. [python, /app/train.py]. "
             "Under launcher torchrun it runs as `torchrun --no-python <command> <args>`, torchrun reading "
-            "its settings from the PET_* variables. Exactly one of trainer and command. Immutable."
+            "its settings from the PET_* variables. Exactly one of trainer and command. Default: none "
+            "(the built-in trainer runs when trainer is set). Immutable."
         ),
     )
     args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
@@ -557,32 +562,32 @@ class TrainingJobSpec(_Model):
         None,
         max_length=64,
         description=(
-            "nodeSelector constrains workers to nodes with these labels. Mutable: applies to workers "
-            "created after the change."
+            "nodeSelector constrains workers to nodes with these labels. Default: none. Mutable: applies to "
+            "workers created after the change."
         ),
     )
     tolerations: list[dict[str, Any]] | None = Field(
         None,
         max_length=64,
         description=(
-            "tolerations are the workers' pod tolerations (Kubernetes syntax). Mutable: applies to workers "
-            "created after the change."
+            "tolerations are the workers' pod tolerations (Kubernetes syntax). Default: none. Mutable: "
+            "applies to workers created after the change."
         ),
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
     affinity: dict[str, Any] | None = Field(
         None,
         description=(
-            "affinity is the workers' pod affinity (Kubernetes syntax). Mutable: applies to workers created "
-            "after the change."
+            "affinity is the workers' pod affinity (Kubernetes syntax). Default: none. Mutable: applies to "
+            "workers created after the change."
         ),
     )
     priority_class_name: str | None = Field(
         None,
         max_length=253,
         description=(
-            "priorityClassName is the workers' PriorityClass. Mutable: applies to workers created after the "
-            "change."
+            "priorityClassName is the workers' PriorityClass. Default: none. Mutable: applies to workers "
+            "created after the change."
         ),
     )
     scheduler_name: str | None = Field(
@@ -630,13 +635,15 @@ class TrainingJobSpec(_Model):
     )
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy,
-        description="runPolicy holds restarts, deadline, TTL, cleanup and suspend.",
+        description="runPolicy holds restarts, deadline, TTL, cleanup and suspend. Mutable.",
         json_schema_extra={"default": {}},
     )
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,
         description=(
-            "failurePolicy says which worker exit codes restart the group and which fail the job at once."
+            "failurePolicy says which worker exit codes restart the group and which fail the job at once. "
+            "Default: the trainer's permanent codes 2 and 3 fail at once, any other failure restarts. "
+            "Mutable."
         ),
         json_schema_extra={"default": {}},
     )
