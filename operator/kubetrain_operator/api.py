@@ -477,8 +477,9 @@ class TrainingJobSpec(_Model):
         le=MAX_WORKERS,
         description=(
             "workers is the number of worker pods (nodes) in the group, each one a batch Job named "
-            "`<trainingjob>-r<restartAttempt>-w<index>`; worker 0 is the master. Default 1, at most 4096. "
-            "Immutable."
+            "`<trainingjob>-r<restartAttempt>-w<index>` (the TrainingJob name is cut to a prefix plus a hash "
+            "when longer than 48 characters or not a DNS label); worker 0 is the master. Default 1, at most "
+            "4096. Immutable."
         ),
     )
     nproc_per_worker: int | Literal["auto"] = Field(

@@ -82,3 +82,39 @@ def test_the_operator_never_imports_torch() -> None:
     import kubetrain_operator.main  # noqa: F401
 
     assert "torch" not in sys.modules
+
+
+def test_no_handler_puts_a_finalizer_on_trainingjobs() -> None:
+    """Deleting a TrainingJob must never hang while the operator is down: GC does the cleanup."""
+    import kopf
+    from kubetrain_operator import handlers
+
+    registry = kopf.get_default_registry()
+    changing = registry._changing.get_all_handlers()
+    ids = {h.id for h in changing}
+    assert {"trainingjob_created", "trainingjob_resumed", "trainingjob_updated"} <= ids
+    assert not [h for h in changing if h.requires_finalizer]
+    assert not registry._spawning.get_all_handlers()  # no timers or daemons: they need finalizers
+    assert all(h.retries for h in changing)
+    assert handlers.HANDLER_RETRIES > 0
+
+
+def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    import kopf
+    from kubetrain_operator import kube
+
+    monkeypatch.setattr(kube, "Kube", object)
+    monkeypatch.setitem(main._state, "options", main.Options(metrics_port=0, workers=3))
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo()
+    main.configure(settings=settings, memo=memo)
+    try:
+        assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+        assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+        assert settings.posting.level == logging.WARNING
+        assert settings.execution.executor._max_workers == 3
+        assert "kubetrain.io/job-name" in dict(settings.watching.label_selectors.items()).values()
+    finally:
+        memo["controller"].stop()
