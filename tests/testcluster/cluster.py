@@ -39,6 +39,10 @@ class Cluster:
     api_port: int
     pids: dict[str, int] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    """Each component's command line as started, so `start_component` can start it again."""
+    _health: dict[str, tuple[str, ssl.SSLContext | None]] = field(default_factory=dict, repr=False)
+    _detached: bool = False
 
     @property
     def server(self) -> str:
@@ -90,6 +94,26 @@ class Cluster:
         self.apply(nodes)
         self.kubectl("wait", "--for=condition=Ready", "--timeout=120s", *(f"node/{n}" for n in names))
         return names
+
+    def stop_component(self, name: str) -> None:
+        """Stop one component (SIGTERM, then SIGKILL after 5 s), for fault-injection tests; the rest keep
+        running and `start_component(name)` brings it back."""
+        pid = self.pids.get(name)
+        if pid is not None:
+            processes.stop_group(pid)
+        process = self.processes.get(name)
+        if process is not None:
+            process.wait(timeout=10)
+
+    def start_component(self, name: str, timeout: float = 120.0) -> None:
+        """Start a stopped component again with its original command line (same ports, same data), and for
+        etcd and the API server wait until it answers its health check."""
+        process = processes.start(name, self.argv[name], self.log_dir, detached=self._detached)
+        self.processes[name] = process
+        self.pids[name] = process.pid
+        if name in self._health:
+            url, context = self._health[name]
+            _wait_healthy(self, name, url, context, timeout)
 
     def stop(self) -> None:
         """Stop every component, newest first so none reconnects to a dead etcd; delete the directory."""
@@ -166,9 +190,18 @@ def _wait_healthy(
 
 
 def start_cluster(
-    *, nodes: int = 3, detached: bool = False, directory: Path | None = None, timeout: float = 120.0
+    *,
+    nodes: int = 3,
+    detached: bool = False,
+    directory: Path | None = None,
+    timeout: float = 120.0,
+    extra_args: dict[str, list[str]] | None = None,
 ) -> Cluster:
-    """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped."""
+    """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped.
+
+    `extra_args` appends flags to a component's command line, e.g. a benchmark raising the controller
+    manager's client QPS: {"kube-controller-manager": ["--kube-api-qps=200"]}.
+    """
     bin_dir = binaries.ensure_binaries()
     root = directory or Path(tempfile.mkdtemp(prefix="kubetrain-cluster-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -176,10 +209,12 @@ def start_cluster(
     keys = pki.create_pki(root / "pki")
     api_port = processes.free_port()
     cluster = Cluster(directory=root, bin_dir=bin_dir, kubeconfig=root / "kubeconfig", api_port=api_port)
+    cluster._detached = detached
     cluster.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(cluster.server, keys)))
 
     def launch(name: str, argv: list[str]) -> None:
-        process = processes.start(name, [str(bin_dir / name), *argv], cluster.log_dir, detached=detached)
+        cluster.argv[name] = [str(bin_dir / name), *argv, *(extra_args or {}).get(name, [])]
+        process = processes.start(name, cluster.argv[name], cluster.log_dir, detached=detached)
         cluster.processes[name] = process
         cluster.pids[name] = process.pid
 
@@ -201,6 +236,7 @@ def start_cluster(
                 "--log-level=warn",
             ],
         )
+        cluster._health["etcd"] = (f"http://127.0.0.1:{etcd_port}/health", None)
         _wait_healthy(cluster, "etcd", f"http://127.0.0.1:{etcd_port}/health", None, timeout)
 
         launch(
@@ -226,6 +262,7 @@ def start_cluster(
         )
         context = ssl.create_default_context(cafile=str(keys.ca_cert))
         context.load_cert_chain(str(keys.admin_cert), str(keys.admin_key))
+        cluster._health["kube-apiserver"] = (f"{cluster.server}/readyz", context)
         _wait_healthy(cluster, "kube-apiserver", f"{cluster.server}/readyz", context, timeout)
 
         launch(

@@ -1,0 +1,138 @@
+"""Run `kubetrain operator ...` with every API request it makes counted, for benchmarks/operator_scale.py.
+
+    python benchmarks/operator_instrumented.py COUNTS.json [PROFILE.prof] -- operator --namespace NS ...
+
+The operator talks to the API server through two clients: kopf's aiohttp session (watches, its annotation
+patches, its events) and kubetrain's own `kube.Kube` on the `kubernetes` package's urllib3 pool (reads,
+status patches, child creations, events). Both are wrapped at their single request entry point
+(`aiohttp.ClientSession._request`, `urllib3.HTTPConnectionPool.urlopen`) and counted by
+(client, verb, resource), where verb is what the API server would log: get, list, watch, create, patch,
+update, delete. New TLS connections of the urllib3 pool are counted too (connection churn is costly).
+The counts are written to COUNTS.json twice a second and at exit. With PROFILE.prof, the asyncio thread
+(kopf's event loop) runs under cProfile and the profile is written at exit (SIGTERM or SIGINT).
+
+Counting in the process, not from the API server's metrics, is deliberate: `apiserver_request_total`
+has no user label, so it mixes the operator with the controller manager, the scheduler, kwok and the
+benchmark's own watchers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+_counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+_lock = threading.Lock()
+_PATH = re.compile(
+    r"^/(?:api|apis/[^/]+)/[^/]+(?:/namespaces/[^/]+)?/(?P<resource>[^/?]+)(?P<name>/[^/?]+)?(?P<sub>/[^/?]+)?"
+)
+
+
+def classify(method: str, url: str) -> tuple[str, str]:
+    """(verb, resource[/subresource]) as the API server's audit log would name them."""
+    path, _, query = url.partition("?")
+    if "://" in path:
+        path = "/" + path.split("://", 1)[1].split("/", 1)[1]
+    match = _PATH.match(path)
+    resource = "other"
+    named = False
+    if match:
+        resource = match.group("resource")
+        named = bool(match.group("name"))
+        if resource == "namespaces" and match.group("sub"):
+            resource = "namespaces"
+        if match.group("sub"):
+            resource += match.group("sub")
+    method = method.upper()
+    if method == "GET":
+        verb = "watch" if re.search(r"(^|&)watch=(1|true)", query) else ("get" if named else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method)
+    return verb, resource
+
+
+def _count(client: str, method: str, url: str) -> None:
+    verb, resource = classify(method, url)
+    with _lock:
+        _counts[(client, verb, resource)] += 1
+
+
+def _install() -> None:
+    import aiohttp
+    import urllib3.connectionpool
+
+    original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
+
+    def urlopen(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        _count("kube", method, url)
+        return original_urlopen(self, method, url, *args, **kwargs)
+
+    urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
+
+    original_new_conn = urllib3.connectionpool.HTTPSConnectionPool._new_conn
+
+    def new_conn(self):  # type: ignore[no-untyped-def]
+        with _lock:
+            _counts[("kube", "tls-connect", "-")] += 1
+        return original_new_conn(self)
+
+    urllib3.connectionpool.HTTPSConnectionPool._new_conn = new_conn  # type: ignore[method-assign]
+
+    original_request = aiohttp.ClientSession._request
+
+    async def request(self, method, str_or_url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        url = str(str_or_url)
+        params = kwargs.get("params")
+        if params:
+            url += ("&" if "?" in url else "?") + "&".join(f"{k}={v}" for k, v in dict(params).items())
+        _count("kopf", method, url)
+        return await original_request(self, method, str_or_url, *args, **kwargs)
+
+    aiohttp.ClientSession._request = request  # type: ignore[method-assign]
+
+
+def _dump(path: str) -> None:
+    with _lock:
+        rows = [
+            {"client": c, "verb": v, "resource": r, "count": n} for (c, v, r), n in sorted(_counts.items())
+        ]
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({"time": time.time(), "requests": rows}))
+    tmp.replace(path)
+
+
+def _dumper(path: str) -> None:
+    while True:
+        time.sleep(0.5)
+        _dump(path)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    split = args.index("--")
+    own, operator_argv = args[:split], args[split + 1 :]
+    counts_path = own[0]
+    profile_path = own[1] if len(own) > 1 else None
+    _install()
+    atexit.register(_dump, counts_path)
+    threading.Thread(target=_dumper, args=(counts_path,), daemon=True).start()
+
+    from kubetrain_operator import cli
+
+    if profile_path:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        atexit.register(profiler.dump_stats, profile_path)
+        profiler.enable()
+    sys.exit(cli.main(operator_argv))
+
+
+if __name__ == "__main__":
+    main()
