@@ -12,10 +12,10 @@ object when the CRD was installed without them); a unit test checks both sides a
 Mutability, in one place: the shape of the group (image, imagePullPolicy, workers, nprocPerWorker,
 resources, trainer, command, args, launcher, storage, masterPort, successPolicy) is immutable, because
 changing it under a running DDP group has no safe meaning. Run and failure policies, and the
-scheduling and pod-metadata fields (env, nodeSelector, tolerations, affinity, priorityClassName,
-schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any time; scheduling and
-pod-metadata changes apply to workers created afterwards (the next restart attempt or resume), which is
-what queueing systems such as Kueue need when they admit a suspended job.
+scheduling and pod-metadata fields (env, imagePullSecrets, nodeSelector, tolerations, affinity,
+priorityClassName, schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any
+time; scheduling and pod-metadata changes apply to workers created afterwards (the next restart attempt
+or resume), which is what queueing systems such as Kueue need when they admit a suspended job.
 """
 
 from __future__ import annotations
@@ -310,6 +310,15 @@ class EnvVar(_Model):
         return self
 
 
+class SecretReference(_Model):
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        description="name of a Secret in the TrainingJob's namespace (kubernetes.io/dockerconfigjson).",
+    )
+
+
 class RunPolicy(_Model):
     max_restarts: int = Field(
         3,
@@ -470,6 +479,15 @@ class TrainingJobSpec(_Model):
         description=(
             "imagePullPolicy is Always, IfNotPresent or Never. Default: Kubernetes' default. Immutable."
         ),
+    )
+    image_pull_secrets: list[SecretReference] | None = Field(
+        None,
+        max_length=16,
+        description=(
+            "imagePullSecrets name Secrets holding registry credentials for the image. Default: none. "
+            "Mutable: applies to workers created after the change."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     workers: int = Field(
         1,

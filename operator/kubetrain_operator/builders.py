@@ -269,6 +269,8 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         "serviceAccountName": spec.service_account_name,
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
     labels = {**(spec.pod_labels or {}), **worker_labels(ctx.owner.name, ctx.restart_attempt, index)}
     annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}

@@ -242,6 +242,7 @@ def test_scheduling_fields_and_image_defaults() -> None:
         schedulerName="volcano",
         serviceAccountName="trainer",
         podAnnotations={"x/y": "z"},
+        imagePullSecrets=[{"name": "registry"}],
     )
     job = builders.build_worker_job(context(spec=spec), 0)
     pod = job["spec"]["template"]["spec"]
@@ -250,6 +251,7 @@ def test_scheduling_fields_and_image_defaults() -> None:
     assert pod["priorityClassName"] == "high"
     assert pod["schedulerName"] == "volcano"
     assert pod["serviceAccountName"] == "trainer"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
     assert job["spec"]["template"]["metadata"]["annotations"]["x/y"] == "z"
     assert pod["containers"][0]["image"] == "registry.local/kubetrain:test"
     custom = builders.build_worker_job(
