@@ -375,6 +375,69 @@ def local_ports(args: list[str]) -> list[str]:
     return swapped
 
 
+def start_operator(chart: Chart, namespace: str, release: str, pod_id: str) -> subprocess.Popen[bytes]:
+    """`kubetrain operator` exactly as the chart's pod runs it (command, arguments, POD_ID), on this
+    machine: only the ports are local, and the only credential is the chart's ServiceAccount token."""
+    cluster = chart.cluster
+    container = get_json(cluster, "deployment", fullname(release), "-n", namespace)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    command = container.get("command") or exec_form(REPO_ROOT / "Dockerfile.operator", "ENTRYPOINT")
+    kubeconfig = service_account_kubeconfig(cluster, namespace, release, chart.directory)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "POD_ID": pod_id,
+        "POD_NAMESPACE": namespace,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    with (chart.directory / f"{pod_id}.log").open("wb") as log:
+        return subprocess.Popen(
+            [*command, *local_ports(container["args"])],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )  # fmt: skip
+
+
+def stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (kopf shuts down gracefully and withdraws from the peering), SIGKILL after a grace."""
+    processes.stop_group(operator.pid)
+    operator.wait(timeout=30)
+
+
+def operator_log(chart: Chart, pod_id: str) -> str:
+    return (chart.directory / f"{pod_id}.log").read_text(errors="replace")
+
+
+def active_in_peering(log: str) -> bool:
+    """Whether kopf's last peering decision in `log` was to run: with `--peering` it starts paused."""
+    return log.rfind("Resuming operations after the pause") > log.rfind("Pausing operations")
+
+
+def crd_serves_lists(cluster: Cluster) -> bool:
+    try:
+        cluster.kubectl("get", "trainingjobs", "--all-namespaces")
+    except subprocess.CalledProcessError:
+        return False
+    return True
+
+
+def submit_job(cluster: Cluster, namespace: str, name: str) -> None:
+    cluster.apply({
+        "apiVersion": "kubetrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"workers": 2, "launcher": "plain", "command": ["python", "-c", "print('ok')"]},
+    })  # fmt: skip
+
+
+def finished_phase(cluster: Cluster, namespace: str, name: str, timeout: float = 120) -> str:
+    def phase() -> str | None:
+        status = get_json(cluster, "trainingjob", name, "-n", namespace).get("status", {})
+        return status.get("phase") if status.get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_for(phase, f"TrainingJob {name} to finish", timeout=timeout)
+
+
 @pytest.mark.parametrize("mode", ["namespaced-with-peering", "cluster-wide"])
 def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_namespace(
     chart: Chart, namespace: str, other_namespace: str, release: str, mode: str
@@ -390,43 +453,19 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     namespaced = mode == "namespaced-with-peering"
     values = {"watchNamespaces": [other_namespace], "peering": {"enabled": True}} if namespaced else {}
     chart.install(release, namespace, values)
-    container = get_json(cluster, "deployment", fullname(release), "-n", namespace)["spec"]["template"][
-        "spec"
-    ]["containers"][0]
-    command = container.get("command") or exec_form(REPO_ROOT / "Dockerfile.operator", "ENTRYPOINT")
-    kubeconfig = service_account_kubeconfig(cluster, namespace, release, chart.directory)
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "POD_ID": f"{fullname(release)}-0000000000-local",
-        "POD_NAMESPACE": namespace,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    log_path = chart.directory / "operator.log"
-    with log_path.open("wb") as log:
-        operator = subprocess.Popen(
-            [*command, *local_ports(container["args"])],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )  # fmt: skip
+    pod_id = f"{fullname(release)}-0000000000-local"
+    operator = start_operator(chart, namespace, release, pod_id)
     try:
-        cluster.apply({
-            "apiVersion": "kubetrain.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "rbac-proof", "namespace": other_namespace},
-            "spec": {"workers": 2, "launcher": "plain", "command": ["python", "-c", "print('ok')"]},
-        })  # fmt: skip
-
-        def phase() -> str | None:
-            assert operator.poll() is None, log_path.read_text(errors="replace")[-4000:]
-            status = get_json(cluster, "trainingjob", "rbac-proof", "-n", other_namespace).get("status", {})
-            return status.get("phase") if status.get("phase") in ("Succeeded", "Failed") else None
-
-        final = wait_for(phase, "the TrainingJob to finish", timeout=120)
-        log = log_path.read_text(errors="replace")
-        assert final == "Succeeded", log[-4000:]
+        submit_job(cluster, other_namespace, "rbac-proof")
+        final = finished_phase(cluster, other_namespace, "rbac-proof")
+        assert operator.poll() is None, "the operator exited"
+    except AssertionError:
+        print(operator_log(chart, pod_id)[-6000:])  # shown by pytest with the failure
+        raise
     finally:
-        processes.stop_group(operator.pid)
-        operator.wait(timeout=30)
+        stop_operator(operator)
+    log = operator_log(chart, pod_id)
+    assert final == "Succeeded", log[-4000:]
     workers = get_json(cluster, "pods", "-n", other_namespace, "-l", "kubetrain.io/job-name=rbac-proof")[
         "items"
     ]
@@ -438,3 +477,50 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     refused = [line for line in log.splitlines() if "403" in line or "Forbidden" in line]
     unexpected = [line for line in refused if not (namespaced and KOPF_SCAN_REFUSAL.search(line))]
     assert unexpected == [], "\n".join(unexpected)
+
+
+def test_two_peered_replicas_run_one_at_a_time_and_the_standby_takes_over(
+    chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """HA as the chart sets it up: two replicas of the pod's command, each deriving its own priority
+    from its pod name, share the ClusterKopfPeering. The lower one pauses; the higher one runs jobs;
+    when it shuts down, the standby resumes and runs the next job."""
+    cluster = chart.cluster
+    chart.install(release, namespace, {"replicas": 2, "peering": {"enabled": True}})
+    # A just-registered CRD answers 429 "storage is (re)initializing" for a moment; kopf retries such a
+    # list even after the peering paused it and then handles what the list returned. Start the replicas
+    # once the CRD serves, as they would in a cluster where it was installed before the Deployment.
+    wait_for(lambda: crd_serves_lists(cluster), "the TrainingJob CRD to serve lists")
+    pods = (f"{fullname(release)}-7f9c8d-aaaaa", f"{fullname(release)}-7f9c8d-bbbbb")
+    operators = {pod: start_operator(chart, namespace, release, pod) for pod in pods}
+    try:
+
+        def both_peered() -> dict[str, int] | None:
+            status = get_json(cluster, "clusterkopfpeering", fullname(release)).get("status") or {}
+            records = {pod: record.get("priority") for pod, record in status.items() if pod in pods}
+            return records if len(records) == 2 else None
+
+        priorities = wait_for(both_peered, "both replicas in the peering", timeout=90)
+        assert len(set(priorities.values())) == 2, priorities
+        active, standby = sorted(pods, key=lambda pod: priorities[pod], reverse=True)
+        wait_for(
+            lambda: (
+                active_in_peering(operator_log(chart, active))
+                and not active_in_peering(operator_log(chart, standby))
+            ),
+            "the higher replica to be the only active one",
+        )
+
+        submit_job(cluster, other_namespace, "while-a-runs")
+        assert finished_phase(cluster, other_namespace, "while-a-runs") == "Succeeded"
+        assert "while-a-runs" in operator_log(chart, active)
+        assert "while-a-runs" not in operator_log(chart, standby)
+
+        stop_operator(operators.pop(active))
+        wait_for(lambda: active_in_peering(operator_log(chart, standby)), "the standby to resume", 90)
+        submit_job(cluster, other_namespace, "after-failover")
+        assert finished_phase(cluster, other_namespace, "after-failover") == "Succeeded"
+        assert "after-failover" in operator_log(chart, standby)
+    finally:
+        for operator in operators.values():
+            stop_operator(operator)
