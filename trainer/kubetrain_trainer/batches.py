@@ -20,27 +20,40 @@ if TYPE_CHECKING:
 CROP_PADDING = 4
 
 
-def random_crop_flip(
-    images: torch.Tensor, generator: torch.Generator, padding: int = CROP_PADDING
-) -> torch.Tensor:
-    """Random crop (reflect padding) and horizontal flip of a whole uint8 NCHW batch in a few tensor ops.
+def pad_reflect(images: torch.Tensor, padding: int = CROP_PADDING, chunk: int = 4096) -> torch.Tensor:
+    """Reflect-pad a uint8 NCHW tensor once (in chunks, to bound the float copy reflect padding needs).
 
-    One gather picks each image's shifted window, so cost does not grow with the number of distinct
-    offsets; the result comes back channels_last, the layout the convolutions want anyway.
+    Padding the whole dataset up front turns every later random crop into a single gather.
     """
     import torch
     from torch.nn import functional
 
-    n, _, h, w = images.shape
-    padded = functional.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)
-    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=images.device)
-    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=images.device)
-    flip = torch.rand(n, generator=generator, device=images.device) < 0.5
-    cols = torch.arange(w, device=images.device)
-    cols = torch.where(flip[:, None], w - 1 - cols, cols)
-    rows = dy[:, None] + torch.arange(h, device=images.device)
+    parts = [
+        functional.pad(images[i : i + chunk].float(), (padding,) * 4, mode="reflect").to(torch.uint8)
+        for i in range(0, len(images), chunk)
+    ]
+    return torch.cat(parts)
+
+
+def crop_flip(padded: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """Random `size` x `size` window and random horizontal flip of every image of a padded uint8 batch.
+
+    One advanced-indexing gather picks each image's shifted (and possibly mirrored) window, so the cost
+    does not grow with the number of distinct offsets; the result comes back channels_last, the layout
+    the convolutions want anyway.
+    """
+    import torch
+
+    n, _, padded_h, padded_w = padded.shape
+    device = padded.device
+    dy = torch.randint(0, padded_h - size + 1, (n,), generator=generator, device=device)
+    dx = torch.randint(0, padded_w - size + 1, (n,), generator=generator, device=device)
+    flip = torch.rand(n, generator=generator, device=device) < 0.5
+    cols = torch.arange(size, device=device)
+    cols = torch.where(flip[:, None], size - 1 - cols, cols)
+    rows = dy[:, None] + torch.arange(size, device=device)
     cols = dx[:, None] + cols
-    batch = torch.arange(n, device=images.device)
+    batch = torch.arange(n, device=device)
     # Advanced indices split by a slice put the indexed dims first: the result is N, H, W, C.
     picked = padded[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]]
     return picked.permute(0, 3, 1, 2)
@@ -69,6 +82,8 @@ class BatchLoader:
                 f"* WORLD_SIZE({world_size}) = {global_batch}"
             )
         self.data = LabeledImages(data.images.to(device), data.labels.to(device), data.classes)
+        self.image_size = int(data.images.shape[-1])
+        self.padded = pad_reflect(self.data.images) if augment else None
         self.preprocessing = preprocessing
         self.batch_size = batch_size
         self.rank = rank
@@ -99,9 +114,10 @@ class BatchLoader:
         for step in range(len(self)):
             start = step * global_batch + self.rank * self.batch_size
             index = order[start : start + self.batch_size]
-            images = self.data.images[index]
-            if self.augment:
-                images = random_crop_flip(images, aug_gen)
+            if self.padded is not None:
+                images = crop_flip(self.padded[index], self.image_size, aug_gen)
+            else:
+                images = self.data.images[index]
             yield self._finish(images), self.data.labels[index]
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:

