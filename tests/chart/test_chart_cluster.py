@@ -338,6 +338,12 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
     answers = can_i(cluster, kubeconfig, needed + refused)
     assert [check for check in needed if not answers[check]] == []
     assert [check for check in refused if answers[check]] == []
+    # And a real read, not just the review: the API server refuses the token its Secrets.
+    secrets = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "secrets", "-n", other_namespace],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert secrets.returncode != 0 and "Forbidden" in secrets.stderr, secrets.stderr
 
 
 def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and_no_secrets(

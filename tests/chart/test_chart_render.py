@@ -10,10 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
@@ -21,6 +23,7 @@ from chartkit import (
     OPERATOR_NEEDS,
     PEERING_NEEDS_CLUSTER,
     PEERING_NEEDS_NAMESPACED,
+    REPO_ROOT,
     granted,
     helm,
     of_kind,
@@ -443,3 +446,21 @@ def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: 
         assert flag == "--priority" and priority.isdigit(), argv[1]
         seen[pod] = int(priority)
     assert len(set(seen.values())) == 2, seen
+
+
+def test_chart_app_version_and_default_image_tags_follow_the_project_version() -> None:
+    """One release number: pyproject's version is the chart's appVersion and both default image tags."""
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert chart["appVersion"] == version
+    assert values["image"]["operator"]["tag"] == version
+    assert values["image"]["trainer"]["tag"] == version
+
+
+def test_chart_crd_is_the_generated_one(helm_bin: Path, tmp_path: Path) -> None:
+    """The chart installs the CRD `kubetrain crds` generates into crds/, byte for byte (never hand-edited)."""
+    chart_crd = CHART_DIR / "crds" / "kubetrain.io_trainingjobs.yaml"
+    assert chart_crd.read_text() == (REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml").read_text()
+    crds = of_kind(render(helm_bin, tmp_path, include_crds=True), "CustomResourceDefinition")
+    assert [crd["metadata"]["name"] for crd in crds] == ["trainingjobs.kubetrain.io"]
