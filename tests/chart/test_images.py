@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from chartkit import REPO_ROOT, exec_form, instructions, last_stage
-from kubetrain_operator import builders
+from kubetrain_operator import api, builders
+from testcluster import processes
 
 pytestmark = pytest.mark.unit
 
@@ -203,3 +204,27 @@ def test_wheel_the_dockerfiles_install_builds_from_the_admitted_context(tmp_path
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert {"kubetrain_operator/cli.py", "kubetrain_operator/main.py", "kubetrain_trainer/cli.py"} <= names
     assert "kubetrain = kubetrain_operator.cli:main" in entry_points
+
+
+def test_trainer_image_runs_the_worker_command_the_operator_builds(tmp_path: Path) -> None:
+    """Workers of the built-in trainer with several processes run `torchrun --no-python kubetrain train`:
+    both commands must exist with only the trainer image's packages. torchrun reads the PET_* defaults the
+    operator injects; one local process on a free port keeps it cheap."""
+    spec = api.TrainingJobSpec.model_validate({"workers": 1, "nprocPerWorker": 2, "trainer": {}})
+    command, args = builders.worker_command(spec)
+    assert command[0] == "torchrun" and args is None, command
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(_blocker(tmp_path / "blocked", ABSENT_FROM_IMAGE["trainer"])),
+        "PET_NNODES": "1",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(processes.free_port()),
+    }
+    result = subprocess.run(
+        [*command, "--help"], capture_output=True, text=True, timeout=180, env=env, check=False, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "usage: kubetrain train" in result.stdout
