@@ -1,7 +1,8 @@
 """`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
-                       [--liveness URL] [--peering NAME --priority N] [--posting-level LEVEL]
+                       [--liveness URL] [--peering NAME --priority N | --leader-elect]
+                       [--posting-level LEVEL] [--verbose]
     kubetrain crds [--check] [--root DIR]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
@@ -60,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--workers", type=int, default=env.workers, help="threads for sync handlers")
     op.add_argument("--verbose", "-v", action="store_true", help="kopf debug logging, a line per event")
+    op.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=env.leader_elect,
+        help="run only while holding a coordination.k8s.io Lease (HA replicas without peering)",
+    )
+    op.add_argument(
+        "--leader-election-namespace",
+        default=env.leader_election_namespace,
+        help="namespace of the Lease (default: $POD_NAMESPACE or 'default')",
+    )
+    op.add_argument("--leader-election-id", default=env.leader_election_id, help="name of the Lease")
     op.add_argument(
         "--resync-seconds",
         type=float,
@@ -132,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             resync_seconds=args.resync_seconds,
             verbose=args.verbose,
+            leader_elect=args.leader_elect,
+            leader_election_namespace=args.leader_election_namespace,
+            leader_election_id=args.leader_election_id,
         )
         run(options)
         return 0

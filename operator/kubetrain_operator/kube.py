@@ -15,6 +15,7 @@ from urllib.parse import quote
 from kubetrain_operator import constants
 
 JOB_PATHS = {
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     "Job": ("/apis/batch/v1", "jobs"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
@@ -128,6 +129,16 @@ class Kube:
         return self.request(
             "POST",
             path(manifest["kind"], namespace),
+            query=[("fieldManager", constants.FIELD_MANAGER)],
+            body=manifest,
+        )
+
+    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; its metadata.resourceVersion makes a concurrent change fail with 409."""
+        meta = manifest["metadata"]
+        return self.request(
+            "PUT",
+            path(manifest["kind"], meta["namespace"], meta["name"]),
             query=[("fieldManager", constants.FIELD_MANAGER)],
             body=manifest,
         )

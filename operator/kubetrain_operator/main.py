@@ -13,7 +13,10 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
   become Events on the TrainingJob (the operator posts its own transition Events regardless);
 - `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor);
-- `--verbose`: kopf's debug logging, including a line per handled child event.
+- `--verbose`: kopf's debug logging, including a line per handled child event;
+- `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
+  `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
+  $POD_NAMESPACE): standbys run nothing until they hold it (see `leader`); the alternative to peering.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any
 
 import kopf
 
-from kubetrain_operator import constants, kube, reconcile
+from kubetrain_operator import constants, kube, leader, reconcile
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
 
@@ -46,6 +50,9 @@ class Options:
     workers: int = 16
     resync_seconds: float = reconcile.RESYNC_SECONDS
     verbose: bool = False
+    leader_elect: bool = False
+    leader_election_namespace: str | None = None
+    leader_election_id: str = leader.DEFAULT_LEASE_NAME
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Options:
@@ -61,6 +68,9 @@ class Options:
             priority=int(env.get("KUBETRAIN_PRIORITY", 0)),
             posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
             workers=int(env.get("KUBETRAIN_WORKERS", cls.workers)),
+            leader_elect=env.get("KUBETRAIN_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+            leader_election_namespace=env.get("KUBETRAIN_LEADER_ELECTION_NAMESPACE") or None,
+            leader_election_id=env.get("KUBETRAIN_LEADER_ELECTION_ID", cls.leader_election_id),
         )
 
     def watched_namespaces(self) -> list[str]:
@@ -130,12 +140,27 @@ def run(options: Options) -> None:
         # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
         # The controller logs every transition it acts on at INFO.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    kopf.run(
-        clusterwide=options.all_namespaces,
-        namespaces=options.watched_namespaces(),
-        standalone=options.peering is None,
-        peering_name=options.peering,
-        priority=options.priority,
-        liveness_endpoint=options.liveness,
-        memo=kopf.Memo(),
-    )
+    elector = _lead(options) if options.leader_elect else None
+    try:
+        kopf.run(
+            clusterwide=options.all_namespaces,
+            namespaces=options.watched_namespaces(),
+            standalone=options.peering is None,
+            peering_name=options.peering,
+            priority=options.priority,
+            liveness_endpoint=options.liveness,
+            memo=kopf.Memo(),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
+
+
+def _lead(options: Options) -> leader.LeaderElector:
+    """Block until this replica holds the Lease; exit the process the moment it is lost."""
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    namespace = options.leader_election_namespace or os.environ.get("POD_NAMESPACE", "default")
+    elector = leader.LeaderElector(kube.Kube(), namespace, identity, name=options.leader_election_id)
+    elector.wait_for_leadership()
+    elector.keep_renewing(on_lost=lambda: os._exit(1))
+    return elector
