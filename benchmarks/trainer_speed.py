@@ -197,10 +197,14 @@ def _recipe_rate(train: datasets.LabeledImages, width: int) -> float:
 
 
 def run_recipe(root: Path, budget_seconds: float, width: int, target: float, label: str) -> dict[str, Any]:
-    """Train the recipe for as many epochs as fit `budget_seconds`; record time and accuracy per epoch."""
+    """Train the recipe for as many epochs as fit `budget_seconds` of training; record time and accuracy.
+
+    The epoch count is sized on training time alone (a restarted or repeated run finds the decoded
+    tensors cached); the reported times include the one-off decoding, and the JSON also has them without.
+    """
     train, val, decode_seconds = _load_decoded(root)
     rate = _recipe_rate(train, width)
-    epochs = max(1, int((budget_seconds - decode_seconds) * rate / len(train)))
+    epochs = max(1, int(budget_seconds * rate / len(train)))
     config = OptimizerConfig(**RECIPE["optimizer"])
     torch.manual_seed(0)
     prep = fit_preprocessing(train.images, 32)
@@ -214,7 +218,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
     elapsed = decode_seconds
     step = 0
     curve = []
-    reached = None
+    reached = reached_training_only = None
     print(f"{label}: {epochs} epochs (measured {rate:.0f} img/s, decode {decode_seconds:.0f}s)", flush=True)
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
@@ -235,6 +239,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
         curve.append({"epoch": epoch, "seconds": round(elapsed, 1), "val_accuracy": accuracy})
         if reached is None and accuracy >= target:
             reached = round(elapsed, 1)
+            reached_training_only = round(elapsed - decode_seconds, 1)
         print(f"{label} epoch {epoch}: {elapsed:.0f}s, val acc (flip TTA) {accuracy:.4f}", flush=True)
     return {
         "width": width,
@@ -244,6 +249,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
         "images_per_second": round(len(train) * epochs / (elapsed - decode_seconds), 1),
         "val_accuracy": curve[-1]["val_accuracy"],
         "seconds_to_seed_accuracy": reached,
+        "seconds_to_seed_accuracy_excluding_decode": reached_training_only,
         "curve": curve,
     }
 
@@ -350,6 +356,16 @@ def run_ddp(root: Path, out: Path, epochs: int) -> dict[str, Any]:
     }
 
 
+def _load(values: list[float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
+
+
+def _share(seconds: float | None, seed: dict[str, Any]) -> str:
+    if seconds is None:
+        return "not reached"
+    return f"{seconds}s = {seconds / seed['wall_seconds']:.3f} of the seed's time"
+
+
 def write_results(results: dict[str, Any], name: str) -> None:
     """JSON with everything, and a short Markdown summary for humans."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -357,32 +373,36 @@ def write_results(results: dict[str, Any], name: str) -> None:
     seed, sprint, budget = results["seed"], results["recipe_sprint"], results["recipe_budget"]
     ceiling, ddp, machine = results["ceiling"], results["ddp"], results["machine"]
     reach = sprint["seconds_to_seed_accuracy"]
+    reach_warm = sprint["seconds_to_seed_accuracy_excluding_decode"]
     lines = [
         f"# {name}",
         "",
         f"Command: `{results['command']}`  ",
         f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, "
-        f"load average at start {machine['load_average_at_start']}  ",
+        f"load average at start {_load(machine['load_average_at_start'])}, "
+        f"at end {_load(machine['load_average_at_end'])} (other work shared the cores)  ",
         f"Data: {seed['train_images']} training / {seed['val_images']} validation real CIFAR-10 JPEGs",
         "",
         "| measurement | figure | target | met |",
         "| --- | --- | --- | --- |",
-        f"| seed loop: wall time, images/s, val acc | {seed['wall_seconds']}s, {seed['images_per_second']} img/s, "
-        f"{seed['val_accuracy']} | - | - |",
-        f"| recipe sprint: time to seed's accuracy | {reach}s "
-        f"({'%.2f' % (reach / seed['wall_seconds']) if reach else 'not reached'} of seed) | <= 1/7 (0.143) | "
-        f"{'yes' if reach and reach <= seed['wall_seconds'] / 7 else 'no'} |",
-        f"| recipe budget: val acc at seed's wall time | {budget['val_accuracy']} in {budget['seconds']}s | >= 0.85 | "
-        f"{'yes' if budget['val_accuracy'] >= 0.85 else 'no'} |",
+        f"| seed loop: wall time, images/s, val acc | {seed['wall_seconds']}s, "
+        f"{seed['images_per_second']} img/s, {seed['val_accuracy']} | - | - |",
+        f"| recipe sprint: time to seed's accuracy, decoding included | {_share(reach, seed)} | "
+        f"<= 1/7 (0.143) | {'yes' if reach and reach <= seed['wall_seconds'] / 7 else 'no'} |",
+        f"| recipe sprint: same, decoded tensors cached | {_share(reach_warm, seed)} | "
+        f"<= 1/7 (0.143) | {'yes' if reach_warm and reach_warm <= seed['wall_seconds'] / 7 else 'no'} |",
+        f"| recipe budget: val acc at seed's wall time | {budget['val_accuracy']} in {budget['seconds']}s "
+        f"| >= 0.85 | {'yes' if budget['val_accuracy'] >= 0.85 else 'no'} |",
         f"| SimpleCNN under kubetrain / compute ceiling | {ceiling['kubetrain_images_per_second']} / "
         f"{ceiling['ceiling_images_per_second']} = {ceiling['fraction_of_ceiling']} | >= 0.9 | "
         f"{'yes' if ceiling['fraction_of_ceiling'] >= 0.9 else 'no'} |",
-        f"| DDP 2 proc x 1 thread / 1 proc x 2 threads | {ddp['two_processes_one_thread_images_per_second']} / "
+        f"| DDP 2 proc x 1 thread / 1 proc x 2 threads | "
+        f"{ddp['two_processes_one_thread_images_per_second']} / "
         f"{ddp['one_process_two_threads_images_per_second']} = {ddp['ratio']} | >= 0.9 | "
         f"{'yes' if ddp['ratio'] >= 0.9 else 'no'} |",
         "",
-        f"Recipe: {json.dumps(results['recipe'])}; sprint width {sprint['width']} x {sprint['epochs']} epochs, "
-        f"budget width {budget['width']} x {budget['epochs']} epochs.",
+        f"Recipe: {json.dumps(results['recipe'])}; sprint width {sprint['width']} x {sprint['epochs']} "
+        f"epochs, budget width {budget['width']} x {budget['epochs']} epochs. Per-epoch curves in the JSON.",
         "",
     ]
     (RESULTS / f"{name}.md").write_text("\n".join(lines))

@@ -131,11 +131,13 @@ def _save_cache(path: Path, data: LabeledImages) -> None:
 
 
 def load_image_folder(root: Path, image_size: int, cache: bool) -> LabeledImages:
-    """Decode an ImageFolder tree once, reusing the cache under `<root>/.kubetrain-cache/` when current."""
+    """Decode an ImageFolder tree once, reusing the cache in `<root>/../.kubetrain-cache/` when current."""
     import torch
 
     classes, samples = list_image_folder(root)
-    cache_path = root / CACHE_DIR_NAME / f"decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
+    # Beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers.
+    cache_name = f"{root.name}-decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
+    cache_path = root.resolve().parent / CACHE_DIR_NAME / cache_name
     if cache and cache_path.is_file():
         cached = _load_cache(cache_path)
         if cached is not None and len(cached) == len(samples) and cached.classes == classes:

@@ -1,0 +1,41 @@
+"""ImageFolder decoding: decoded once, cached beside the tree, and re-decoded when a file changes."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from kubetrain_trainer import datasets
+from kubetrain_trainer.failures import DataError
+
+
+def test_decoded_tensors_are_cached_beside_the_tree_and_invalidated_by_changes(
+    small_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = datasets.load_image_folder(small_root, 32, cache=True)
+    assert first.images.shape == (400, 3, 32, 32) and first.images.dtype == torch.uint8
+    assert first.classes[0] == "airplane" and torch.bincount(first.labels).tolist() == [40] * 10
+    assert not any(p.name.startswith(".") for p in small_root.iterdir())  # other readers see only classes
+    (cache_file,) = (small_root.parent / datasets.CACHE_DIR_NAME).iterdir()
+
+    with caplog.at_level(logging.INFO):
+        again = datasets.load_image_folder(small_root, 32, cache=True)
+    assert "from cache" in caplog.text
+    assert torch.equal(again.images, first.images)
+
+    changed = small_root / "bird" / "0003.jpg"
+    changed.write_bytes((small_root / "cat" / "0003.jpg").read_bytes())
+    os.utime(changed, ns=(1, 1))
+    redecoded = datasets.load_image_folder(small_root, 32, cache=True)
+    index = 80 + 3  # bird is class 2; files are in name order
+    assert torch.equal(redecoded.images[index], first.images[120 + 3])
+    assert len(list(cache_file.parent.iterdir())) == 2
+
+
+def test_a_root_without_class_directories_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no images here")
+    with pytest.raises(DataError, match="no images under"):
+        datasets.list_image_folder(tmp_path)
