@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -33,10 +34,15 @@ class OperatorProcess:
         self._extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the operator and wait until its liveness endpoint answers (kopf serves it once running).
+
+        Each start gets a free liveness port: operators of concurrent test runs must not collide.
+        """
+        port = processes.free_port()
         env = {**os.environ, "KUBECONFIG": str(self._cluster.kubeconfig)}
         argv = [sys.executable, "-m", "kubetrain_operator.cli", "operator", "--all-namespaces"]
-        argv.extend(self._extra_args)
+        argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", *self._extra_args]
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 argv,
@@ -46,6 +52,16 @@ class OperatorProcess:
                 env=env,
                 start_new_session=True,
             )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self._process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"operator not live after {timeout:.0f}s:\n{self.log_tail()}")
 
     def kill(self) -> None:
         if self._process is not None:
