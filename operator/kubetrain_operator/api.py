@@ -10,7 +10,8 @@ refuses a bad object and nothing is created) and as pydantic validators (so the 
 object when the CRD was installed without them); a unit test checks both sides agree.
 
 Mutability, in one place: the shape of the group (image, imagePullPolicy, workers, nprocPerWorker,
-resources, trainer, command, args, launcher, storage, masterPort, successPolicy) is immutable, because
+resources, trainer, command, args, launcher, storage, masterPort, successPolicy, gangScheduling) is
+immutable, because
 changing it under a running DDP group has no safe meaning. Run and failure policies, and the
 scheduling and pod-metadata fields (env, imagePullSecrets, nodeSelector, tolerations, affinity,
 priorityClassName, schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any
@@ -72,6 +73,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "storage",
     "masterPort",
     "successPolicy",
+    "gangScheduling",
 )
 """Spec fields that cannot change after creation (enforced by CEL transition rules on `spec`)."""
 
@@ -316,6 +318,33 @@ class SecretReference(_Model):
         min_length=1,
         max_length=253,
         description="name of a Secret in the TrainingJob's namespace (kubernetes.io/dockerconfigjson).",
+    )
+
+
+class GangScheduling(_Model):
+    """All workers are placed together or not at all, by a gang scheduler through a PodGroup."""
+
+    provider: Literal["volcano", "scheduler-plugins"] = Field(
+        ...,
+        description=(
+            "provider is the gang scheduler: volcano (a scheduling.volcano.sh/v1beta1 PodGroup, pods "
+            "annotated scheduling.k8s.io/group-name) or scheduler-plugins (a scheduling.x-k8s.io/v1alpha1 "
+            "PodGroup for the Coscheduling plugin, pods labelled scheduling.x-k8s.io/pod-group). The "
+            "PodGroup is named like the Service and requires every worker (minMember = workers). Required."
+        ),
+    )
+    queue: str | None = Field(
+        None,
+        max_length=253,
+        description="queue is the Volcano queue of the PodGroup. Default: Volcano's default.",
+    )
+    schedule_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "scheduleTimeoutSeconds is how long scheduler-plugins waits for the whole group before giving "
+            "up a scheduling cycle. Default: the plugin's default."
+        ),
     )
 
 
@@ -643,6 +672,16 @@ class TrainingJobSpec(_Model):
             "Mutable: applies to workers created after the change."
         ),
         json_schema_extra=_extra(_reserved_keys_rule("podAnnotations")),
+    )
+    gang_scheduling: GangScheduling | None = Field(
+        None,
+        description=(
+            "gangScheduling makes a gang scheduler place all workers at once, so a half-scheduled group "
+            "never holds GPUs while waiting: the operator creates a PodGroup and sets schedulerName to "
+            "volcano (for provider volcano) or scheduler-plugins-scheduler unless spec.schedulerName says "
+            "otherwise. Needs that scheduler and its CRDs installed. Default: none (the default scheduler). "
+            "Immutable."
+        ),
     )
     success_policy: Literal["AllWorkers", "Worker0"] = Field(
         "AllWorkers",

@@ -273,7 +273,48 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
     labels = {**(spec.pod_labels or {}), **worker_labels(ctx.owner.name, ctx.restart_attempt, index)}
     annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
+    gang = spec.gang_scheduling
+    if gang is not None:
+        group = names.service_name(ctx.owner.name)
+        if gang.provider == "volcano":
+            annotations[constants.VOLCANO_GROUP_ANNOTATION] = group
+            pod_spec.setdefault("schedulerName", constants.VOLCANO_SCHEDULER)
+        else:
+            labels[constants.COSCHEDULING_GROUP_LABEL] = group
+            pod_spec.setdefault("schedulerName", constants.COSCHEDULING_SCHEDULER)
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+
+
+def build_pod_group(ctx: Context) -> dict[str, Any] | None:
+    """The PodGroup asking the gang scheduler to place every worker at once (None without gangScheduling).
+
+    One per TrainingJob, reused by every restart attempt: the operator starts an attempt only after the
+    previous attempt's Jobs are gone, so the group never counts pods of two attempts.
+    """
+    gang = ctx.spec.gang_scheduling
+    if gang is None:
+        return None
+    labels = {**selector_labels(ctx.owner.name), constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
+    metadata = _metadata(ctx, names.service_name(ctx.owner.name), labels)
+    if gang.provider == "volcano":
+        spec: dict[str, Any] = {"minMember": ctx.spec.workers}
+        if gang.queue:
+            spec["queue"] = gang.queue
+        return {
+            "apiVersion": constants.VOLCANO_PODGROUP_API,
+            "kind": "PodGroup",
+            "metadata": metadata,
+            "spec": spec,
+        }
+    spec = {"minMember": ctx.spec.workers}
+    if gang.schedule_timeout_seconds:
+        spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
+    return {
+        "apiVersion": constants.COSCHEDULING_PODGROUP_API,
+        "kind": "PodGroup",
+        "metadata": metadata,
+        "spec": spec,
+    }
 
 
 def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:

@@ -35,3 +35,11 @@ SERVICE_PORT_NAME = "rendezvous"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 FIELD_MANAGER = "kubetrain-operator"
+
+# Gang scheduling (spec.gangScheduling): PodGroup kinds and how pods join them.
+VOLCANO_PODGROUP_API = "scheduling.volcano.sh/v1beta1"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+VOLCANO_SCHEDULER = "volcano"
+COSCHEDULING_PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"

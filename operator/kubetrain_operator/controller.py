@@ -33,6 +33,11 @@ logger = logging.getLogger("kubetrain.operator")
 Key = tuple[str, str]
 """(namespace, name) of a TrainingJob."""
 
+GANG_APIS = {
+    "volcano": constants.VOLCANO_PODGROUP_API,
+    "scheduler-plugins": constants.COSCHEDULING_PODGROUP_API,
+}
+
 ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Delays before re-running a reconcile that failed: the k-th consecutive error waits ERROR_BACKOFF[k]."""
 ERROR_EVENT_AFTER = 5
@@ -200,7 +205,15 @@ class Controller:
         service = self.kube.get("Service", namespace, names.service_name(name))
         jobs = self.kube.list("Job", namespace, selector)
         pods = self.kube.list("Pod", namespace, selector)
-        observed = reconcile.Observed.from_objects(body, service=service, jobs=jobs, pods=pods)
+        pod_group = None
+        gang = (body.get("spec") or {}).get("gangScheduling") or {}
+        if gang.get("provider") in GANG_APIS:
+            pod_group = self.kube.get(
+                "PodGroup", namespace, names.service_name(name), api_version=GANG_APIS[gang["provider"]]
+            )
+        observed = reconcile.Observed.from_objects(
+            body, service=service, jobs=jobs, pods=pods, pod_group=pod_group
+        )
         plan = reconcile.plan(observed, self.clock(), self.defaults)
         outcome = Outcome(plan=plan)
         rv = body.get("metadata", {}).get("resourceVersion")
@@ -248,6 +261,13 @@ class Controller:
         except kube.ApiError as exc:
             if exc.conflict:
                 return  # already exists: created by an earlier (maybe killed) reconcile
+            if exc.not_found and manifest["kind"] not in ("Job", "Service", "Event"):
+                raise kube.ApiError(
+                    404,
+                    "NotFound",
+                    f"{manifest['apiVersion']} {manifest['kind']} is not served by this cluster: install the "
+                    "gang scheduler's CRDs or remove spec.gangScheduling",
+                ) from exc
             if exc.invalid:
                 raise InvalidChildError(
                     f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: {exc.message}"

@@ -48,8 +48,19 @@ class ApiError(Exception):
         return self.status in (400, 422)
 
 
-def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-    prefix, plural = JOB_PATHS[kind]
+def path(
+    kind: str,
+    namespace: str,
+    name: str | None = None,
+    subresource: str | None = None,
+    api_version: str | None = None,
+) -> str:
+    """REST path of a namespaced object; api_version picks the group for kinds outside JOB_PATHS."""
+    if api_version is not None and (kind not in JOB_PATHS or not JOB_PATHS[kind][0].endswith(api_version)):
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        plural = kind.lower() + "s"
+    else:
+        prefix, plural = JOB_PATHS[kind]
     out = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
     if name:
         out += f"/{quote(name)}"
@@ -112,9 +123,11 @@ class Kube:
 
     # --- objects
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, kind: str, namespace: str, name: str, api_version: str | None = None
+    ) -> dict[str, Any] | None:
         try:
-            return self.request("GET", path(kind, namespace, name))
+            return self.request("GET", path(kind, namespace, name, api_version=api_version))
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -128,7 +141,7 @@ class Kube:
         namespace = manifest["metadata"]["namespace"]
         return self.request(
             "POST",
-            path(manifest["kind"], namespace),
+            path(manifest["kind"], namespace, api_version=manifest.get("apiVersion")),
             query=[("fieldManager", constants.FIELD_MANAGER)],
             body=manifest,
         )
@@ -138,7 +151,7 @@ class Kube:
         meta = manifest["metadata"]
         return self.request(
             "PUT",
-            path(manifest["kind"], meta["namespace"], meta["name"]),
+            path(manifest["kind"], meta["namespace"], meta["name"], api_version=manifest.get("apiVersion")),
             query=[("fieldManager", constants.FIELD_MANAGER)],
             body=manifest,
         )

@@ -139,6 +139,15 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
                 message=cond.get("message"),
                 **base,
             )
+    scheduled = any(c.get("type") == "PodScheduled" for c in status.get("conditions") or ())
+    if not scheduled and not pod.get("spec", {}).get("nodeName"):
+        scheduler = pod.get("spec", {}).get("schedulerName") or "default-scheduler"
+        return Worker(
+            phase="pending",
+            reason="WaitingForScheduler",
+            message=f"no scheduler has looked at the pod yet (schedulerName {scheduler})",
+            **base,
+        )
     return Worker(phase="pending", reason=waiting.get("reason"), message=waiting.get("message"), **base)
 
 

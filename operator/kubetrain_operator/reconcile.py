@@ -32,9 +32,9 @@ RESYNC_SECONDS = 60.0
 WAIT_SECONDS = 2.0
 """Requeue delay while waiting for deletions to finish."""
 
-QUIET_PENDING_REASONS = ("PodNotCreated",)
-"""Pending reasons reported in status but not as Warning events: the Job controller usually creates the
-pod within a second, so an event would be noise; when it cannot, it posts FailedCreate on the Job itself."""
+QUIET_PENDING_REASONS = ("PodNotCreated", "WaitingForScheduler")
+"""Pending reasons reported in status but not as Warning events: the Job controller and the scheduler
+usually act within a second, so an event would be noise (and both post their own events when they fail)."""
 
 Propagation = Literal["Foreground", "Background"]
 
@@ -64,6 +64,8 @@ class Observed:
     status: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     generation: int | None = None
     service: Mapping[str, Any] | None = None
+    pod_group: Mapping[str, Any] | None = None
+    """The gang-scheduling PodGroup, when spec.gangScheduling asks for one and it exists."""
     jobs: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] = ()
 
@@ -75,6 +77,7 @@ class Observed:
         service: Mapping[str, Any] | None,
         jobs: Sequence[Mapping[str, Any]],
         pods: Sequence[Mapping[str, Any]],
+        pod_group: Mapping[str, Any] | None = None,
     ) -> Observed:
         meta = body.get("metadata", {})
         uid = meta.get("uid", "")
@@ -88,6 +91,7 @@ class Observed:
             status=body.get("status") or {},
             generation=meta.get("generation"),
             service=service if service is None or observe.owned_by(service, uid) else None,
+            pod_group=pod_group if pod_group is None or observe.owned_by(pod_group, uid) else None,
             jobs=own_jobs,
             # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
             pods=[p for p in pods if any(observe.owned_by(p, u) for u in job_uids if u)],
@@ -319,6 +323,9 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     )
     if obs.service is None:
         out.create.append(builders.build_service(ctx))
+    pod_group = builders.build_pod_group(ctx)
+    if pod_group is not None and obs.pod_group is None:
+        out.create.append(pod_group)  # before the Jobs, so no worker pod waits for a missing group
     missing = [w for w in workers if w.phase == "missing"]
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
     if missing:

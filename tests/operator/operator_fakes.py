@@ -92,6 +92,7 @@ def pod(
     finished_at: str = "2026-01-01T00:10:00Z",
     progress: dict[str, Any] | None = None,
     pod_reason: str | None = None,
+    unscheduled: bool = False,
 ) -> dict[str, Any]:
     """A worker pod in a given state (phase Running/Pending/Succeeded/Failed)."""
     template = builders.build_pod_template(context(name, attempt=attempt), index)
@@ -127,9 +128,11 @@ def pod(
             status["reason"] = pod_reason
             container["state"] = {}
     else:
+        status["conditions"].append({"type": "PodScheduled", "status": "True"})
         if waiting:
             container["state"] = {"waiting": {"reason": waiting, "message": f"{waiting}: details"}}
         if unschedulable:
+            status["conditions"] = []
             status["conditions"].append(
                 {
                     "type": "PodScheduled",
@@ -138,6 +141,8 @@ def pod(
                     "message": unschedulable,
                 }
             )
+    if unscheduled:
+        status["conditions"] = []
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"], "status": status}
 
 

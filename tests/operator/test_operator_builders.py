@@ -259,3 +259,43 @@ def test_scheduling_fields_and_image_defaults() -> None:
     )
     assert _container(custom)["image"] == "me/img:1"
     assert _container(custom)["imagePullPolicy"] == "Never"
+
+
+@pytest.mark.parametrize(
+    ("gang", "api_version", "spec", "scheduler"),
+    [
+        (
+            {"provider": "volcano", "queue": "research"},
+            "scheduling.volcano.sh/v1beta1",
+            {"minMember": 3, "queue": "research"},
+            "volcano",
+        ),
+        (
+            {"provider": "scheduler-plugins", "scheduleTimeoutSeconds": 60},
+            "scheduling.x-k8s.io/v1alpha1",
+            {"minMember": 3, "scheduleTimeoutSeconds": 60},
+            "scheduler-plugins-scheduler",
+        ),
+    ],
+)
+def test_gang_scheduling_creates_a_pod_group_every_worker_joins(
+    gang: dict[str, Any], api_version: str, spec: dict[str, Any], scheduler: str
+) -> None:
+    ctx = context(spec=trainer_spec(workers=3, gangScheduling=gang))
+    group = builders.build_pod_group(ctx)
+    assert group is not None
+    assert group["apiVersion"] == api_version and group["kind"] == "PodGroup"
+    assert group["metadata"]["name"] == "demo"
+    assert group["spec"] == spec
+    assert group["metadata"]["ownerReferences"][0]["controller"] is True
+    template = builders.build_worker_job(ctx, 2)["spec"]["template"]
+    assert template["spec"]["schedulerName"] == scheduler
+    joined = {**template["metadata"]["labels"], **template["metadata"]["annotations"]}
+    key = "scheduling.k8s.io/group-name" if gang["provider"] == "volcano" else "scheduling.x-k8s.io/pod-group"
+    assert joined[key] == "demo"
+
+
+def test_an_explicit_scheduler_name_wins_and_no_gang_means_no_pod_group() -> None:
+    ctx = context(spec=trainer_spec(schedulerName="my-volcano", gangScheduling={"provider": "volcano"}))
+    assert builders.build_worker_job(ctx, 0)["spec"]["template"]["spec"]["schedulerName"] == "my-volcano"
+    assert builders.build_pod_group(context()) is None

@@ -11,7 +11,7 @@ import pytest
 from kubetrain_operator import constants, handlers, kube, reconcile
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
-from operator_fakes import NS, pod, trainingjob
+from operator_fakes import NS, pod, service, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,9 @@ class FakeKube:
         meta = obj["metadata"]
         self.objects[(obj["kind"], meta.get("namespace", NS), meta["name"])] = obj
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, kind: str, namespace: str, name: str, api_version: str | None = None
+    ) -> dict[str, Any] | None:
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
@@ -316,3 +318,24 @@ def test_the_scheduler_triggers_due_jobs() -> None:
 )
 def test_child_events_find_their_trainingjob(body: dict[str, Any], owner: str) -> None:
     assert handlers.owner_name(body) == owner
+
+
+def test_a_gang_scheduled_job_creates_its_pod_group_once() -> None:
+    fake = _fake_with_job(
+        spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "scheduler-plugins"}}
+    )
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    ctl.reconcile(NS, "demo")
+    assert fake.creations.count(("PodGroup", "demo")) == 1
+
+
+def test_a_missing_pod_group_kind_is_explained() -> None:
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "volcano"}})
+    fake.put(service())  # so that "demo" names only the PodGroup still to create
+    fake.fail_create["demo"] = kube.ApiError(404, "NotFound", "404 page not found")
+    ctl = _controller(fake)
+    ctl.trigger(NS, "demo")
+    assert fake.status()["pendingReason"] == "FailedCreate"
+    assert "install the gang scheduler's CRDs" in fake.status()["pendingMessage"]
+    assert not [c for c in fake.creations if c[0] == "Job"]  # no half-scheduled group

@@ -480,3 +480,12 @@ def test_a_failed_creation_stays_reported_until_the_workers_exist() -> None:
         status=failed, jobs=[job(0), job(1)], pods=[pod(0, phase="Running"), pod(1, phase="Running")]
     )
     assert done.status["pendingReason"] is None
+
+
+def test_gang_scheduled_jobs_get_their_pod_group_before_the_workers() -> None:
+    p = _plan(spec=trainer_spec(gangScheduling={"provider": "volcano"}), status={})
+    assert [(m["kind"], m["metadata"]["name"]) for m in p.create] == [
+        ("PodGroup", "demo"),
+        ("Job", "demo-r0-w0"),
+        ("Job", "demo-r0-w1"),
+    ]
