@@ -9,7 +9,9 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - `--metrics-port` (env KUBETRAIN_METRICS_PORT, default 8080, 0 disables): Prometheus /metrics;
 - `--liveness` (env KUBETRAIN_LIVENESS, default http://0.0.0.0:8081/healthz, empty disables);
 - `--peering NAME` (env KUBETRAIN_PEERING): kopf peering for HA replicas (needs kopf's peering CRDs and a
-  distinct `--priority` per replica, or equal-priority replicas all pause); default standalone;
+  distinct `--priority` per replica, or equal-priority replicas all pause); default standalone. Peering
+  pauses only kopf's watches: a paused replica's scheduler still re-checks the jobs it saw before the pause
+  (harmless, every write is guarded by resourceVersion, but wasted work), so prefer `--leader-elect`;
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
   become Events on the TrainingJob (the operator posts its own transition Events regardless);
 - `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor);

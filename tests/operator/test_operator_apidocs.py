@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_checked_in_api_reference_matches_the_models() -> None:
-    assert (ROOT / apidocs.REFERENCE).read_text() == apidocs.render(), "run python -m kubetrain_operator.apidocs"
+    assert (ROOT / apidocs.REFERENCE).read_text() == apidocs.render(), (
+        "run python -m kubetrain_operator.apidocs"
+    )
 
 
 def test_reference_documents_every_spec_field_and_printer_column() -> None:

@@ -1,0 +1,116 @@
+"""The REST layer: paths for every kind the operator touches, bodies as dicts, errors by status code."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubetrain_operator import kube
+
+pytestmark = pytest.mark.unit
+
+
+class _Response:
+    def __init__(self, status: int, payload: Any) -> None:
+        self.status = status
+        self.reason = "Reason"
+        self.data = json.dumps(payload).encode()
+
+    def read(self) -> None:
+        pass
+
+
+class FakeApiClient:
+    """Records requests like kubernetes.client.ApiClient's param_serialize/call_api pair."""
+
+    def __init__(self, answers: list[tuple[int, Any]]) -> None:
+        self.answers = answers
+        self.requests: list[dict[str, Any]] = []
+
+    def param_serialize(
+        self,
+        *,
+        method: str,
+        resource_path: str,
+        query_params: Any,
+        header_params: Any,
+        body: Any,
+        auth_settings: Any,
+    ) -> tuple[Any, ...]:
+        self.requests.append(
+            {
+                "method": method,
+                "path": resource_path,
+                "query": query_params,
+                "headers": header_params,
+                "body": body,
+            }
+        )
+        return method, "https://api" + resource_path, header_params, body, None
+
+    def call_api(self, method: str, url: str, *, header_params: Any, body: Any, _request_timeout: Any) -> Any:
+        status, payload = self.answers.pop(0)
+        return _Response(status, payload)
+
+
+@pytest.mark.parametrize(
+    ("kind", "api_version", "expected"),
+    [
+        ("Job", None, "/apis/batch/v1/namespaces/ns/jobs/x"),
+        ("Pod", None, "/api/v1/namespaces/ns/pods/x"),
+        ("Service", "v1", "/api/v1/namespaces/ns/services/x"),
+        ("TrainingJob", None, "/apis/kubetrain.io/v1alpha1/namespaces/ns/trainingjobs/x"),
+        ("Lease", None, "/apis/coordination.k8s.io/v1/namespaces/ns/leases/x"),
+        (
+            "PodGroup",
+            "scheduling.volcano.sh/v1beta1",
+            "/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/x",
+        ),
+        (
+            "PodGroup",
+            "scheduling.x-k8s.io/v1alpha1",
+            "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/x",
+        ),
+    ],
+)
+def test_paths(kind: str, api_version: str | None, expected: str) -> None:
+    assert kube.path(kind, "ns", "x", api_version=api_version) == expected
+
+
+def test_status_patch_is_a_merge_patch_guarded_by_resource_version() -> None:
+    client = FakeApiClient([(200, {"status": {}})])
+    kube.Kube(client).patch_status("ns", "demo", {"phase": "Running"}, "42")
+    request = client.requests[0]
+    assert request["method"] == "PATCH"
+    assert request["path"].endswith("/trainingjobs/demo/status")
+    assert request["headers"]["Content-Type"] == "application/merge-patch+json"
+    assert request["body"] == {"status": {"phase": "Running"}, "metadata": {"resourceVersion": "42"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "flag"), [(404, "not_found"), (409, "conflict"), (422, "invalid"), (400, "invalid")]
+)
+def test_errors_carry_the_servers_reason_and_message(status: int, flag: str) -> None:
+    client = FakeApiClient([(status, {"reason": "Why", "message": "spec.x: bad"})])
+    with pytest.raises(kube.ApiError) as caught:
+        kube.Kube(client).create(
+            {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"}}
+        )
+    assert getattr(caught.value, flag)
+    assert caught.value.message == "spec.x: bad"
+
+
+def test_get_of_a_missing_object_is_none_and_delete_of_one_is_fine() -> None:
+    client = FakeApiClient([(404, {}), (404, {})])
+    api = kube.Kube(client)
+    assert api.get("Service", "ns", "x") is None
+    api.delete("Job", "ns", "x", "Foreground")
+    assert client.requests[1]["body"]["propagationPolicy"] == "Foreground"
+
+
+def test_list_uses_a_label_selector() -> None:
+    client = FakeApiClient([(200, {"items": [{"metadata": {"name": "a"}}]})])
+    items = kube.Kube(client).list("Pod", "ns", "kubetrain.io/job-name=demo")
+    assert items == [{"metadata": {"name": "a"}}]
+    assert client.requests[0]["query"] == [("labelSelector", "kubetrain.io/job-name=demo")]
