@@ -35,7 +35,12 @@ def main() -> None:
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         weights = {"weight": model.module.weight.item(), "bias": model.module.bias.item()}
-        result = {"world_size": world, "loss": loss.item(), **weights, "node_rank": os.environ.get("NODE_RANK")}
+        result = {
+            "world_size": world,
+            "loss": loss.item(),
+            **weights,
+            "node_rank": os.environ.get("NODE_RANK"),
+        }
         (args.out / "result.json").write_text(json.dumps(result))
         print(f"rank 0 of {world}: loss {loss.item():.4f} {weights}")
     dist.destroy_process_group()
