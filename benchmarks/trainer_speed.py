@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -130,10 +131,10 @@ def run_seed(root: Path, epochs: int) -> dict[str, Any]:
     model = models.SimpleCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.NLLLoss()  # the tutorial's network returns log_softmax
-    train_seconds = 0.0
+    train_seconds = cpu_seconds = 0.0
     curve = []
     for epoch in range(1, epochs + 1):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         model.train()
         for images, labels in train_loader:
             optimizer.zero_grad()
@@ -141,14 +142,23 @@ def run_seed(root: Path, epochs: int) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
         train_seconds += time.perf_counter() - started
+        cpu_seconds += time.process_time() - cpu_started
         accuracy = _seed_accuracy(model, val_loader)
-        curve.append({"epoch": epoch, "train_seconds": round(train_seconds, 1), "val_accuracy": accuracy})
+        curve.append(
+            {
+                "epoch": epoch,
+                "train_seconds": round(train_seconds, 1),
+                "cpu_seconds": round(cpu_seconds, 1),
+                "val_accuracy": accuracy,
+            }
+        )
         print(f"seed epoch {epoch}: {train_seconds:.0f}s, val acc {accuracy:.4f}", flush=True)
     return {
         "train_images": len(train_idx),
         "val_images": len(val_idx),
         "epochs": epochs,
         "wall_seconds": round(train_seconds, 1),
+        "cpu_seconds": round(cpu_seconds, 1),
         "images_per_second": round(len(train_idx) * epochs / train_seconds, 1),
         "val_accuracy": curve[-1]["val_accuracy"],
         "curve": curve,
@@ -165,12 +175,12 @@ def _seed_accuracy(model: nn.Module, loader: Any) -> float:
     return round(correct / total, 4)
 
 
-def _load_decoded(root: Path) -> tuple[datasets.LabeledImages, datasets.LabeledImages, float]:
-    """kubetrain's data path from JPEGs (no cache: the timed run must pay for decoding)."""
-    started = time.perf_counter()
+def _load_decoded(root: Path) -> tuple[datasets.LabeledImages, datasets.LabeledImages, float, float]:
+    """kubetrain's data path from JPEGs (no cache: the timed run must pay for decoding); wall and CPU s."""
+    started, cpu_started = time.perf_counter(), time.process_time()
     full = datasets.load_image_folder(root, 32, cache=False)
     train, val = datasets.split_validation(full, VAL_PER_CLASS / (len(full) / len(full.classes)))
-    return train, val, time.perf_counter() - started
+    return train, val, time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def _recipe_rate(train: datasets.LabeledImages, width: int) -> float:
@@ -202,7 +212,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
     The epoch count is sized on training time alone (a restarted or repeated run finds the decoded
     tensors cached); the reported times include the one-off decoding, and the JSON also has them without.
     """
-    train, val, decode_seconds = _load_decoded(root)
+    train, val, decode_seconds, decode_cpu = _load_decoded(root)
     rate = _recipe_rate(train, width)
     epochs = max(1, int(budget_seconds * rate / len(train)))
     config = OptimizerConfig(**RECIPE["optimizer"])
@@ -215,13 +225,13 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
     )
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     total_steps = len(loader) * epochs
-    elapsed = decode_seconds
+    elapsed, cpu = decode_seconds, decode_cpu
     step = 0
     curve = []
     reached = reached_training_only = None
     print(f"{label}: {epochs} epochs (measured {rate:.0f} img/s, decode {decode_seconds:.0f}s)", flush=True)
     for epoch in range(1, epochs + 1):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         model.train()
         loader.set_epoch(epoch)
         for images, labels in loader:
@@ -232,11 +242,19 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
             optimizer.step()
             step += 1
         elapsed += time.perf_counter() - started
+        cpu += time.process_time() - cpu_started
         result = evaluation.evaluate(
             model, val, prep, device=torch.device("cpu"), batch_size=1000, flip_tta=True
         )
         accuracy = round(float(result.matrix.diag().sum()) / result.count, 4)
-        curve.append({"epoch": epoch, "seconds": round(elapsed, 1), "val_accuracy": accuracy})
+        curve.append(
+            {
+                "epoch": epoch,
+                "seconds": round(elapsed, 1),
+                "cpu_seconds": round(cpu, 1),
+                "val_accuracy": accuracy,
+            }
+        )
         if reached is None and accuracy >= target:
             reached = round(elapsed, 1)
             reached_training_only = round(elapsed - decode_seconds, 1)
@@ -246,6 +264,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
         "epochs": epochs,
         "decode_seconds": round(decode_seconds, 1),
         "seconds": round(elapsed, 1),
+        "cpu_seconds": round(cpu, 1),
         "images_per_second": round(len(train) * epochs / (elapsed - decode_seconds), 1),
         "val_accuracy": curve[-1]["val_accuracy"],
         "seconds_to_seed_accuracy": reached,
@@ -256,7 +275,7 @@ def run_recipe(root: Path, budget_seconds: float, width: int, target: float, lab
 
 def run_ceiling(root: Path, steps: int) -> dict[str, Any]:
     """SimpleCNN, batch 64: kubetrain's BatchLoader-fed loop against the compute-only loop."""
-    train, _, _ = _load_decoded(root)
+    train, _, _, _ = _load_decoded(root)
     prep = fit_preprocessing(train.images, 32)
 
     def timed(feed: Any) -> float:
@@ -321,6 +340,7 @@ def _train_ddp(root: Path, out: Path, processes: int, threads: int, epochs: int)
         "log_every_steps": 100000,
     }
     job = f"ddp-{processes}x{threads}"
+    shutil.rmtree(out / job, ignore_errors=True)  # a previous run's checkpoints would make this one resume
     port = 29700 + processes * 10 + threads
     procs = []
     for rank in range(processes):
@@ -400,6 +420,9 @@ def write_results(results: dict[str, Any], name: str) -> None:
         f"{ddp['two_processes_one_thread_images_per_second']} / "
         f"{ddp['one_process_two_threads_images_per_second']} = {ddp['ratio']} | >= 0.9 | "
         f"{'yes' if ddp['ratio'] >= 0.9 else 'no'} |",
+        "",
+        f"CPU seconds (process time, less sensitive to other work on the machine): seed "
+        f"{seed['cpu_seconds']}, sprint {sprint['cpu_seconds']}, budget {budget['cpu_seconds']}.",
         "",
         f"Recipe: {json.dumps(results['recipe'])}; sprint width {sprint['width']} x {sprint['epochs']} "
         f"epochs, budget width {budget['width']} x {budget['epochs']} epochs. Per-epoch curves in the JSON.",
