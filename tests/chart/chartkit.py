@@ -111,6 +111,15 @@ def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
+def operator_objects(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The objects of `kind` that belong to the operator (not to the workers' identity)."""
+    return [
+        obj
+        for obj in of_kind(objects, kind)
+        if obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "operator"
+    ]
+
+
 def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     deployment = only(objects, "Deployment")
     containers = deployment["spec"]["template"]["spec"]["containers"]

@@ -32,6 +32,8 @@ from chartkit import (
     helm,
     values_file,
 )
+from kubetrain_operator import builders
+from kubetrain_trainer import contract, progress
 from testcluster import processes
 from testcluster.cluster import Cluster
 
@@ -55,6 +57,8 @@ KOPF_SCAN_REFUSAL = re.compile(
 )
 """kopf's cluster-wide scans: refused by design in namespaced mode, where kopf falls back to the list."""
 CLUSTER_KINDS = (
+    "validatingadmissionpolicies.admissionregistration.k8s.io",
+    "validatingadmissionpolicybindings.admissionregistration.k8s.io",
     "clusterroles.rbac.authorization.k8s.io",
     "clusterrolebindings.rbac.authorization.k8s.io",
     "clusterkopfpeerings.kopf.dev",
@@ -532,3 +536,86 @@ def test_two_peered_replicas_run_one_at_a_time_and_the_standby_takes_over(
     finally:
         for operator in operators.values():
             stop_operator(operator)
+
+
+def worker_pod(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": {"team": "vision"}},
+        "spec": {
+            "serviceAccountName": "kubetrain-worker",
+            "securityContext": builders.RESTRICTED_POD_SECURITY,
+            "containers": [{"name": "worker", "image": "trainer",
+                            "securityContext": builders.RESTRICTED_CONTAINER_SECURITY}],
+        },
+    }  # fmt: skip
+
+
+def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
+    chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """The trainer's own PodAnnotator, with a token bound to pod A (as the kubelet mounts it), can set
+    A's progress annotation, the only thing the operator reads from workers; every other change, to A
+    or to its neighbour B, is refused by the chart's admission policy or RBAC."""
+    cluster = chart.cluster
+    chart.install(release, namespace, {"watchNamespaces": [other_namespace]})
+    cluster.apply([worker_pod(other_namespace, "pod-a"), worker_pod(other_namespace, "pod-b")])
+    token = cluster.kubectl(
+        "create", "token", "kubetrain-worker", "-n", other_namespace,
+        "--bound-object-kind=Pod", "--bound-object-name=pod-a", "--duration=30m",
+    ).strip()  # fmt: skip
+    token_path = chart.directory / "worker-token"
+    token_path.write_text(token)
+    ca = Path(
+        yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["certificate-authority"]
+    )
+    record = progress.progress_record(epoch=3, epochs=10, step=300, loss=0.42, accuracy=0.8)
+
+    def annotator(pod: str) -> progress.PodAnnotator:
+        return progress.PodAnnotator(cluster.server, other_namespace, pod, token_path, ca)
+
+    kubeconfig = write_token_kubeconfig(cluster, chart.directory / "worker.kubeconfig", token)
+
+    def as_worker(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "-n", other_namespace, *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    # Policies take effect asynchronously after install: wait with a server-side dry run (admission
+    # runs, nothing is stored) until the policy refuses a change to the neighbour's pod.
+    wait_for(
+        lambda: (
+            as_worker(
+                "annotate", "pod", "pod-b", f"{contract.PROGRESS_ANNOTATION}={{}}", "--dry-run=server"
+            ).returncode
+            != 0
+        ),
+        "the admission policy to take effect",
+    )
+    assert annotator("pod-b").patch(record) is False
+    assert annotator("pod-a").patch(record) is True
+    pod_a = get_json(cluster, "pod", "pod-a", "-n", other_namespace)
+    assert json.loads(pod_a["metadata"]["annotations"][contract.PROGRESS_ANNOTATION]) == record
+    pod_b = get_json(cluster, "pod", "pod-b", "-n", other_namespace)
+    assert contract.PROGRESS_ANNOTATION not in pod_b["metadata"]["annotations"]
+
+    refused = {
+        "another annotation": ("annotate", "pod", "pod-a", "team=hijacked", "--overwrite"),
+        "a label": ("label", "pod", "pod-a", "kubetrain.io/job-name=other"),
+        "deleting its pod": ("delete", "pod", "pod-a", "--wait=false"),
+        "reading Secrets": ("get", "secrets"),
+        "creating pods": ("run", "miner", "--image=miner"),
+    }
+    for what, args in refused.items():
+        result = as_worker(*args)
+        assert result.returncode != 0, f"{what} was allowed: {result.stdout}"
+        assert "forbidden" in result.stderr.lower() or "denied" in result.stderr.lower(), (
+            what,
+            result.stderr,
+        )
+    assert (
+        get_json(cluster, "pod", "pod-a", "-n", other_namespace)["metadata"]["annotations"]["team"]
+        == "vision"
+    )

@@ -29,6 +29,7 @@ from chartkit import (
     of_kind,
     only,
     operator_container,
+    operator_objects,
     render,
     values_file,
 )
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.unit
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 HA = {"replicas": 2, "peering": {"enabled": True}}
 CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
+WORKER_USER = "system:serviceaccount:{}:kubetrain-worker"
 VALUE_SETS = {
     "defaults": {},
     "namespaced": NAMESPACED,
@@ -84,13 +86,13 @@ def test_watch_namespaces_get_one_role_each_and_nothing_cluster_scoped(
 ) -> None:
     objects = render(helm_bin, tmp_path, NAMESPACED)
     assert not [obj["kind"] for obj in objects if obj["kind"] in CLUSTER_SCOPED_KINDS]
-    roles = of_kind(objects, "Role")
-    bindings = of_kind(objects, "RoleBinding")
+    roles = operator_objects(objects, "Role")
+    bindings = operator_objects(objects, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
         assert granted(role["rules"]) == set(OPERATOR_NEEDS)
-    account = only(objects, "ServiceAccount")["metadata"]
+    account = only(operator_objects(objects, "ServiceAccount"), "ServiceAccount")["metadata"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [
@@ -151,7 +153,7 @@ def test_namespaced_peering_puts_a_peering_and_its_rbac_in_each_watched_namespac
         ("team-b", "ops"),
     ]
     assert not of_kind(objects, "ClusterKopfPeering")
-    for role in of_kind(objects, "Role"):
+    for role in operator_objects(objects, "Role"):
         assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(PEERING_NEEDS_NAMESPACED)
     assert "--peering=ops" in operator_container(objects)["args"]
 
@@ -464,3 +466,51 @@ def test_chart_crd_is_the_generated_one(helm_bin: Path, tmp_path: Path) -> None:
     assert chart_crd.read_text() == (REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml").read_text()
     crds = of_kind(render(helm_bin, tmp_path, include_crds=True), "CustomResourceDefinition")
     assert [crd["metadata"]["name"] for crd in crds] == ["trainingjobs.kubetrain.io"]
+
+
+def test_workers_get_a_service_account_in_each_watched_namespace_that_can_only_patch_pods(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    """Rank 0 patches its own pod's progress annotation; RBAC can say no more narrowly than pods/patch."""
+    objects = render(helm_bin, tmp_path, NAMESPACED)
+    workers = [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for obj in workers:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        assert sorted(o["metadata"]["namespace"] for o in by_kind[kind]) == ["team-a", "team-b"], kind
+    for role in by_kind["Role"]:
+        assert granted(role["rules"]) == {("", "pods", "get"), ("", "pods", "patch")}
+    for binding in by_kind["RoleBinding"]:
+        namespace = binding["metadata"]["namespace"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kubetrain-worker", "namespace": namespace}
+        ]
+    policy = only(workers, "ValidatingAdmissionPolicy")
+    assert only(workers, "ValidatingAdmissionPolicyBinding")["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    for namespace in ("team-a", "team-b"):
+        assert f"'{WORKER_USER.format(namespace)}'" in condition
+
+
+def test_worker_service_account_follows_its_values(helm_bin: Path, tmp_path: Path) -> None:
+    def worker_namespaces(values: dict[str, Any]) -> list[str]:
+        objects = render(helm_bin, tmp_path, values)
+        accounts = [
+            o for o in of_kind(objects, "ServiceAccount") if o["metadata"]["name"] == "kubetrain-worker"
+        ]
+        policies = of_kind(objects, "ValidatingAdmissionPolicy")
+        assert len(policies) == (1 if accounts else 0)
+        return sorted(o["metadata"]["namespace"] for o in accounts)
+
+    assert worker_namespaces({}) == [], "watching all namespaces, the chart cannot know where workers run"
+    assert worker_namespaces({"workerServiceAccount": {"create": True, "name": "kubetrain-worker",
+                                                       "namespaces": ["ml"]}}) == ["ml"]  # fmt: skip
+    assert worker_namespaces({**NAMESPACED, "workerServiceAccount": {"create": True, "name": "kubetrain-worker",
+                                                                     "namespaces": ["team-a", "ml"]}}) == [
+        "ml", "team-a", "team-b"]  # fmt: skip
+    assert worker_namespaces({**NAMESPACED, "workerServiceAccount": {"create": False, "name": "kubetrain-worker",
+                                                                     "namespaces": []}}) == []  # fmt: skip

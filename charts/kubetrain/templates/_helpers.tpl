@@ -25,12 +25,25 @@ Kubernetes names are capped at 63 characters; the cap applies after the override
 {{- end }}
 
 {{/* Labels on every object, so `kubectl get all -l app.kubernetes.io/instance=<release>` finds them. */}}
-{{- define "kubetrain.labels" -}}
+{{- define "kubetrain.commonLabels" -}}
 helm.sh/chart: {{ include "kubetrain.chart" . }}
-{{ include "kubetrain.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "kubetrain.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: kubetrain
+{{- end }}
+
+{{/* The operator's objects. */}}
+{{- define "kubetrain.labels" -}}
+{{ include "kubetrain.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The workers' identity objects (their ServiceAccount, Role, admission policy). */}}
+{{- define "kubetrain.workerLabels" -}}
+{{ include "kubetrain.commonLabels" . }}
+app.kubernetes.io/component: worker
 {{- end }}
 
 {{/* Selector labels are immutable on a Deployment: they must never include the version. */}}
