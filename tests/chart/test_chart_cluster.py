@@ -172,6 +172,10 @@ def test_install_in_a_restricted_namespace_registers_the_crd_and_the_operator_po
 
     output = chart.install(release, namespace, {"watchNamespaces": [namespace]})
     assert "STATUS: deployed" in output
+    # NOTES.txt tells the user what was set up and what uninstall keeps.
+    assert f"these namespaces only (one Role each): {namespace}" in output
+    assert 'ServiceAccount "kubetrain-worker"' in output
+    assert "kubectl delete crd trainingjobs.kubetrain.io" in output
 
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
     assert "FIELD: workers" in cluster.kubectl("explain", "trainingjob.spec.workers")  # served, with schema
