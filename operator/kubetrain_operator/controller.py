@@ -226,6 +226,9 @@ class Controller:
                     return outcome
                 if exc.not_found:
                     return Outcome(gone=True)
+                if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
+                    outcome.invalid = self._status_refused(body, plan, exc)
+                    return outcome
                 raise
         for deletion in plan.delete:
             self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
@@ -288,6 +291,24 @@ class Controller:
             )
             return
         self._post_event_safely((meta["namespace"], meta["name"]), "Warning", "FailedCreate", message, body)
+
+    def _status_refused(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> str:
+        """The API server refuses to store any status for this TrainingJob (422): its stored spec no longer
+        passes the CRD's rules (written before a schema change, e.g. a value of the wrong type in a field
+        with a transition rule, which cannot even be evaluated). Retrying cannot help until someone edits
+        the object, which arrives as an update event: say what is wrong in a Warning event and stop (the
+        kopf handler raises PermanentError; nothing is rescheduled)."""
+        meta = body["metadata"]
+        failed = st.get_condition(plan.status, "Failed") or {}
+        if plan.status.get("phase") == "Failed" and failed.get("reason") == "InvalidSpec":
+            reason = "InvalidSpec"
+            message = f"{plan.status.get('message')} (the API server refuses to store status: {exc.message})"
+        else:
+            reason = "StatusRefused"
+            message = f"the API server refuses to store this TrainingJob's status: {exc.message}"
+        logger.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
+        self._post_event_safely((meta["namespace"], meta["name"]), "Warning", reason, message, body)
+        return message
 
     def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
         meta = body["metadata"]

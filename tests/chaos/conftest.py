@@ -1,0 +1,65 @@
+"""The chaos suite's own control plane and the watchers its tests judge the operator by.
+
+The suite starts a cluster of its own (not the session's): one test stops and restarts its API server,
+and the load of a few hundred worker pods should not slow the other suites' tests.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from testcluster import processes
+from testcluster.cluster import Cluster, start_cluster
+from testcluster.operator_process import OperatorProcess, install_crd
+
+OPERATOR_ARGS = ("--metrics-port", "0", "--resync-seconds", "2")
+
+
+@pytest.fixture(scope="package")
+def chaos_cluster() -> Iterator[Cluster]:
+    running = start_cluster(nodes=4)
+    try:
+        install_crd(running)
+        yield running
+    finally:
+        pids = dict(running.pids)
+        running.stop()
+        survivors = [name for name, pid in pids.items() if processes.pid_alive(pid)]
+        assert not survivors, f"control-plane processes still alive after teardown: {survivors}"
+
+
+@pytest.fixture
+def chaos_namespace(chaos_cluster: Cluster) -> Iterator[str]:
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+    chaos_cluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 60
+    while not chaos_cluster.kubectl(
+        "-n", name, "get", "serviceaccount", "default", "--ignore-not-found", "-o", "name", check=False
+    ):
+        assert time.monotonic() < deadline, "no default ServiceAccount"
+        time.sleep(0.3)
+    try:
+        yield name
+    finally:
+        chaos_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator_factory(chaos_cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    started: list[OperatorProcess] = []
+
+    def make(*extra: str) -> OperatorProcess:
+        process = OperatorProcess(
+            chaos_cluster, tmp_path / "operator.log", extra_args=(*OPERATOR_ARGS, *extra)
+        )
+        process.start()
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        process.stop()
