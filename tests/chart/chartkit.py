@@ -31,6 +31,12 @@ OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
     *(("", "pods", verb) for verb in ("get", "list", "watch")),
     # kopf and the controller post core v1 Events on every transition.
     ("", "events", "create"),
+    # spec.gangScheduling: one PodGroup per TrainingJob for Volcano or scheduler-plugins (both by default).
+    *(
+        (group, "podgroups", verb)
+        for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+        for verb in ("get", "create")
+    ),
 )
 
 CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
@@ -40,6 +46,10 @@ CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
 
 PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch"))
 PEERING_NEEDS_CLUSTER = tuple(("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch"))
+
+LEADER_NEEDS = (("coordination.k8s.io", "leases", "create"),)
+"""Leader election: the Lease is created once; reading and renewing it is granted for its name only."""
+LEADER_NEEDS_BY_NAME = tuple(("coordination.k8s.io", "leases", verb) for verb in ("get", "update"))
 
 NOT_NEEDED: tuple[tuple[str, str, str], ...] = (
     ("batch", "jobs", "patch"),

@@ -20,6 +20,8 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
+    LEADER_NEEDS,
+    LEADER_NEEDS_BY_NAME,
     OPERATOR_NEEDS,
     PEERING_NEEDS_CLUSTER,
     PEERING_NEEDS_NAMESPACED,
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.unit
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 HA = {"replicas": 2, "peering": {"enabled": True}}
+LEADER = {"replicas": 2, "leaderElection": {"enabled": True}}
 CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
 WORKER_USER = "system:serviceaccount:{}:kubetrain-worker"
 VALUE_SETS = {
@@ -46,6 +49,8 @@ VALUE_SETS = {
     "namespaced": NAMESPACED,
     "ha-cluster-wide": HA,
     "ha-namespaced": {**NAMESPACED, **HA},
+    "leader-election": LEADER,
+    "leader-election-namespaced": {**NAMESPACED, **LEADER},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
 }
 
@@ -114,7 +119,9 @@ def test_no_rule_reaches_secrets_or_uses_wildcards_or_escalation(
         assert "*" not in (group, resource, verb), (group, resource, verb)
         assert resource.split("/")[0] not in FORBIDDEN_RESOURCES, (group, resource, verb)
         assert verb not in {"escalate", "bind", "impersonate", "deletecollection"}, (group, resource, verb)
-    assert not [rule for rule in rules if "nonResourceURLs" in rule or "resourceNames" in rule]
+    assert not [rule for rule in rules if "nonResourceURLs" in rule]
+    # resourceNames only pins the leader-election Lease.
+    assert all(rule["resources"] == ["leases"] for rule in rules if "resourceNames" in rule)
 
 
 def test_peering_is_off_by_default_and_its_crds_are_not_installed(helm_bin: Path, tmp_path: Path) -> None:
@@ -373,8 +380,8 @@ def test_schema_refuses_bad_values_naming_the_field(
     assert field in output, output
 
 
-def test_several_replicas_without_peering_are_refused(helm_bin: Path, tmp_path: Path) -> None:
-    """Without peering every replica would reconcile every job: double Jobs, double restarts."""
+def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_path: Path) -> None:
+    """Without leader election or peering every replica would reconcile every job."""
     output = helm(
         helm_bin,
         "template",
@@ -384,7 +391,54 @@ def test_several_replicas_without_peering_are_refused(helm_bin: Path, tmp_path: 
         str(values_file(tmp_path, {"replicas": 2})),
         check=False,
     )
-    assert "replicas > 1 needs peering.enabled=true" in output
+    assert "replicas > 1 needs leaderElection.enabled=true" in output
+
+
+def test_both_ha_modes_at_once_are_refused(helm_bin: Path, tmp_path: Path) -> None:
+    values = {**LEADER, "peering": {"enabled": True}}
+    output = helm(
+        helm_bin, "template", "kt", str(CHART_DIR), "-f", str(values_file(tmp_path, values)), check=False
+    )
+    assert "choose one HA mode" in output
+
+
+def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    """A standby serves no /healthz until it leads: the liveness probe must not kill it meanwhile."""
+    objects = render(helm_bin, tmp_path, {**NAMESPACED, **LEADER})
+    lease_roles = [
+        r for r in operator_objects(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")
+    ]
+    assert len(lease_roles) == 1
+    role = lease_roles[0]
+    assert role["metadata"]["namespace"] == "kubetrain-system"
+    assert granted(role["rules"]) == set(LEADER_NEEDS) | set(LEADER_NEEDS_BY_NAME)
+    named = [rule for rule in role["rules"] if "resourceNames" in rule]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kt-kubetrain"],
+                      "verbs": ["get", "update"]}]  # fmt: skip
+    container = operator_container(objects)
+    assert {"--leader-elect", "--leader-election-namespace=kubetrain-system",
+            "--leader-election-id=kt-kubetrain"} <= set(container["args"])  # fmt: skip
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 3600
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "command" not in container, "leader election needs no per-replica priority"
+
+
+def test_gang_scheduler_grants_follow_the_values(helm_bin: Path, tmp_path: Path) -> None:
+    def podgroup_groups(values: dict[str, Any]) -> set[str]:
+        role = only(render(helm_bin, tmp_path, values), "ClusterRole")
+        return {group for group, resource, _ in granted(role["rules"]) if resource == "podgroups"}
+
+    assert podgroup_groups({}) == {"scheduling.volcano.sh", "scheduling.x-k8s.io"}
+    assert podgroup_groups({"gangSchedulers": ["volcano"]}) == {"scheduling.volcano.sh"}
+    assert podgroup_groups({"gangSchedulers": []}) == set()
 
 
 def test_every_object_carries_the_release_labels(helm_bin: Path, tmp_path: Path) -> None:
@@ -417,6 +471,7 @@ def test_operator_cli_accepts_the_rendered_arguments(
     assert parsed.liveness == "http://0.0.0.0:8081/healthz"
     assert parsed.metrics_port == 8080
     assert (parsed.peering is not None) is bool(values.get("peering", {}).get("enabled"))
+    assert parsed.leader_elect is bool(values.get("leaderElection", {}).get("enabled"))
 
 
 def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: Path, tmp_path: Path) -> None:

@@ -87,6 +87,9 @@ The RBAC rules the operator needs in every namespace it watches: exactly the ver
 - pods: read-only. kopf watches them and the controller lists them for exit codes, readiness and why a
   worker is Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
 - events (core v1): kopf and the controller create one per transition; neither patches events.
+- podgroups (scheduling.volcano.sh, scheduling.x-k8s.io), per gangSchedulers: a TrainingJob with
+  spec.gangScheduling gets one PodGroup, fetched and created by the controller, deleted by the garbage
+  collector through its ownerReference.
 - kopfpeerings: only in namespaced mode with peering (kopf's per-namespace keep-alive record).
 No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touches them.
 */}}
@@ -109,9 +112,19 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- range .Values.gangSchedulers }}
+- apiGroups: [{{ get (dict "volcano" "scheduling.volcano.sh" "scheduler-plugins" "scheduling.x-k8s.io") . | quote }}]
+  resources: ["podgroups"]
+  verbs: ["get", "create"]
+{{- end }}
 {{- end }}
 
 {{/* The kopf peering object's name: peering.name, else the release's full name. */}}
 {{- define "kubetrain.peeringName" -}}
 {{- default (include "kubetrain.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}
+{{- define "kubetrain.leaseName" -}}
+{{- default (include "kubetrain.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
