@@ -24,6 +24,8 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
+    LEADER_NEEDS,
+    LEADER_NEEDS_BY_NAME,
     NOT_NEEDED,
     OPERATOR_NEEDS,
     PEERING_NEEDS_NAMESPACED,
@@ -279,17 +281,21 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, release: str, d
     return write_token_kubeconfig(cluster, directory / "operator.kubeconfig", token)
 
 
-def can_i(
-    cluster: Cluster, kubeconfig: Path, checks: list[tuple[str | None, str, str, str]]
-) -> dict[tuple[str | None, str, str, str], bool]:
-    """Ask the API server, as the kubeconfig's user, about (namespace, group, resource, verb) checks.
+Check = tuple[str | None, ...]
+"""(namespace or None, API group, resource[/subresource], verb[, object name])."""
+
+
+def can_i(cluster: Cluster, kubeconfig: Path, checks: list[Check]) -> dict[Check, bool]:
+    """Ask the API server, as the kubeconfig's user, about each check.
 
     The same SelfSubjectAccessReview that `kubectl auth can-i` sends, all in one kubectl call.
     """
     reviews = []
-    for namespace, group, resource, verb in checks:
+    for namespace, group, resource, verb, *name in checks:
         plural, _, subresource = resource.partition("/")
         attributes = {"group": group, "resource": plural, "verb": verb}
+        if name:
+            attributes["name"] = name[0]
         if subresource:
             attributes["subresource"] = subresource
         if namespace:
@@ -358,12 +364,15 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     chart: Chart, namespace: str, other_namespace: str, release: str, tmp_path: Path
 ) -> None:
     cluster = chart.cluster
-    chart.install(release, namespace, {})
+    chart.install(release, namespace, {"replicas": 2, "leaderElection": {"enabled": True}})
     kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
     everywhere = (namespace, other_namespace, "default")
-    needed = [(ns, *need) for ns in everywhere for need in OPERATOR_NEEDS]
+    needed: list[Check] = [(ns, *need) for ns in everywhere for need in OPERATOR_NEEDS]
     needed += [(None, *need) for need in CLUSTER_WIDE_NEEDS]
-    refused = [
+    # Leader election: its Lease in the release namespace, by name; no other Lease anywhere.
+    needed += [(namespace, *need) for need in LEADER_NEEDS]
+    needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
+    refused: list[Check] = [
         (ns, "", resource, verb)
         for ns in (*everywhere, None)
         for resource in FORBIDDEN_RESOURCES
@@ -371,6 +380,8 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     ]
     refused += [(other_namespace, *extra) for extra in NOT_NEEDED]
     refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # peering is off
+    refused += [(namespace, *need, "kube-controller-manager") for need in LEADER_NEEDS_BY_NAME]
+    refused += [(other_namespace, *need) for need in LEADER_NEEDS + LEADER_NEEDS_BY_NAME]
     answers = can_i(cluster, kubeconfig, needed + refused)
     assert [check for check in needed if not answers[check]] == []
     assert [check for check in refused if answers[check]] == []
@@ -402,6 +413,7 @@ def start_operator(chart: Chart, namespace: str, release: str, pod_id: str) -> s
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "POD_ID": pod_id,
+        "POD_NAME": pod_id,
         "POD_NAMESPACE": namespace,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
@@ -623,3 +635,42 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
         get_json(cluster, "pod", "pod-a", "-n", other_namespace)["metadata"]["annotations"]["team"]
         == "vision"
     )
+
+
+def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_over(
+    chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """The recommended HA mode: the second replica stands by without running anything while the first
+    holds the chart's Lease; when the leader shuts down it releases the Lease and the standby leads."""
+    cluster = chart.cluster
+    chart.install(release, namespace, {"replicas": 2, "leaderElection": {"enabled": True}})
+    wait_for(lambda: crd_serves_lists(cluster), "the TrainingJob CRD to serve lists")
+    first, second = f"{fullname(release)}-6b7c-aaaaa", f"{fullname(release)}-6b7c-bbbbb"
+
+    def holder() -> str:
+        return get_json(cluster, "lease", fullname(release), "-n", namespace)["spec"].get(
+            "holderIdentity", ""
+        )
+
+    operators = {first: start_operator(chart, namespace, release, first)}
+    try:
+        wait_for(lambda: "leading as" in operator_log(chart, first), "the first replica to lead")
+        operators[second] = start_operator(chart, namespace, release, second)
+        wait_for(lambda: "standing by" in operator_log(chart, second), "the second replica to stand by")
+        assert holder() == first
+
+        submit_job(cluster, other_namespace, "under-first")
+        assert finished_phase(cluster, other_namespace, "under-first") == "Succeeded"
+        assert "under-first" in operator_log(chart, first)
+        assert "under-first" not in operator_log(chart, second)
+        assert "kubetrain operator watching" not in operator_log(chart, second), "a standby must run nothing"
+
+        stop_operator(operators.pop(first))
+        wait_for(lambda: "leading as" in operator_log(chart, second), "the standby to take the Lease", 60)
+        assert holder() == second
+        submit_job(cluster, other_namespace, "under-second")
+        assert finished_phase(cluster, other_namespace, "under-second") == "Succeeded"
+        assert "under-second" in operator_log(chart, second)
+    finally:
+        for operator in operators.values():
+            stop_operator(operator)
