@@ -48,7 +48,7 @@ VALUE_SETS = {
     "defaults": {},
     "namespaced": NAMESPACED,
     "ha-cluster-wide": HA,
-    "ha-namespaced": {**NAMESPACED, **HA},
+    "ha-namespaced": {**NAMESPACED, **HA, "logLevel": "debug"},
     "leader-election": LEADER,
     "leader-election-namespaced": {**NAMESPACED, **LEADER},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
@@ -286,6 +286,7 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
         tmp_path,
         {
             "postingLevel": "ERROR",
+            "logLevel": "debug",
             "workers": 4,
             "nodeSelector": {"pool": "system"},
             "tolerations": [
@@ -307,7 +308,8 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
     assert pod["tolerations"][0]["key"] == "dedicated"
     assert "nodeAffinity" in pod["affinity"]
     args = operator_container(objects)["args"]
-    assert "--posting-level=ERROR" in args and "--workers=4" in args
+    assert "--posting-level=ERROR" in args and "--workers=4" in args and "--verbose" in args
+    assert "--verbose" not in operator_container(render(helm_bin, tmp_path))["args"]
 
 
 BAD_VALUES = {
@@ -335,6 +337,7 @@ BAD_VALUES = {
     ),
     "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
     "zero workers": ({"workers": 0}, "/workers"),
+    "bad log level": ({"logLevel": "trace"}, "/logLevel"),
     "invalid namespace name": ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     "privilege escalation": (
         {
@@ -472,6 +475,7 @@ def test_operator_cli_accepts_the_rendered_arguments(
     assert parsed.metrics_port == 8080
     assert (parsed.peering is not None) is bool(values.get("peering", {}).get("enabled"))
     assert parsed.leader_elect is bool(values.get("leaderElection", {}).get("enabled"))
+    assert parsed.verbose is (values.get("logLevel") == "debug")
 
 
 def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: Path, tmp_path: Path) -> None:
