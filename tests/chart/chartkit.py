@@ -47,9 +47,8 @@ CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
 PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch"))
 PEERING_NEEDS_CLUSTER = tuple(("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch"))
 
-LEADER_NEEDS = (("coordination.k8s.io", "leases", "create"),)
-"""Leader election: the Lease is created once; reading and renewing it is granted for its name only."""
 LEADER_NEEDS_BY_NAME = tuple(("coordination.k8s.io", "leases", verb) for verb in ("get", "update"))
+"""Leader election: the chart creates the Lease; the operator reads and renews that one object by name."""
 
 NOT_NEEDED: tuple[tuple[str, str, str], ...] = (
     ("batch", "jobs", "patch"),

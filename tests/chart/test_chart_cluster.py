@@ -24,7 +24,6 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
-    LEADER_NEEDS,
     LEADER_NEEDS_BY_NAME,
     NOT_NEEDED,
     OPERATOR_NEEDS,
@@ -53,6 +52,7 @@ RELEASE_KINDS = (
     "roles.rbac.authorization.k8s.io",
     "rolebindings.rbac.authorization.k8s.io",
     "kopfpeerings.kopf.dev",
+    "leases.coordination.k8s.io",
 )
 KOPF_SCAN_REFUSAL = re.compile(
     r"GET \S+/(api/v1/namespaces|apis/apiextensions\.k8s\.io/v1/customresourcedefinitions)(\?\S*)? ->"
@@ -229,21 +229,26 @@ def test_upgrade_with_changed_values_rolls_the_deployment_and_swaps_cluster_rbac
     assert [entry["revision"] for entry in history] == [1, 2]
 
 
+@pytest.mark.parametrize("ha", ["peering", "leaderElection"])
 def test_uninstall_leaves_nothing_but_the_crds(
-    cluster: Cluster, chart: Chart, namespace: str, other_namespace: str, release: str
+    chart: Chart, namespace: str, other_namespace: str, release: str, ha: str
 ) -> None:
-    """Everything from templates/ goes; CRDs from crds/ stay by Helm's design (deleting a CRD would
-    delete every TrainingJob in the cluster), as NOTES.txt tells the user."""
-    chart.install(release, namespace, {"watchNamespaces": [other_namespace], "peering": {"enabled": True}})
+    """Everything from templates/ goes, the HA objects (peering objects, the Lease) included; CRDs from
+    crds/ stay by Helm's design (deleting a CRD would delete every TrainingJob), as NOTES.txt says."""
+    cluster = chart.cluster
+    chart.install(
+        release, namespace, {"watchNamespaces": [other_namespace], "replicas": 2, ha: {"enabled": True}}
+    )
     selector = f"app.kubernetes.io/instance={release}"
     created = cluster.kubectl("get", ",".join(RELEASE_KINDS), "-A", "-l", selector, "-o", "name")
+    ha_object = "kopfpeering" if ha == "peering" else "lease.coordination"
     for kind in (
         "deployment.apps/",
         "serviceaccount/",
         "service/",
         "role.rbac",
         "rolebinding.rbac",
-        "kopfpeering",
+        ha_object,
     ):
         assert kind in created, f"{kind} missing before uninstall:\n{created}"
 
@@ -370,7 +375,6 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     needed: list[Check] = [(ns, *need) for ns in everywhere for need in OPERATOR_NEEDS]
     needed += [(None, *need) for need in CLUSTER_WIDE_NEEDS]
     # Leader election: its Lease in the release namespace, by name; no other Lease anywhere.
-    needed += [(namespace, *need) for need in LEADER_NEEDS]
     needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
     refused: list[Check] = [
         (ns, "", resource, verb)
@@ -381,7 +385,8 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     refused += [(other_namespace, *extra) for extra in NOT_NEEDED]
     refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # peering is off
     refused += [(namespace, *need, "kube-controller-manager") for need in LEADER_NEEDS_BY_NAME]
-    refused += [(other_namespace, *need) for need in LEADER_NEEDS + LEADER_NEEDS_BY_NAME]
+    refused += [(other_namespace, *need) for need in LEADER_NEEDS_BY_NAME]
+    refused += [(ns, "coordination.k8s.io", "leases", "create") for ns in everywhere]
     answers = can_i(cluster, kubeconfig, needed + refused)
     assert [check for check in needed if not answers[check]] == []
     assert [check for check in refused if answers[check]] == []
@@ -655,9 +660,9 @@ def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_ove
     first, second = f"{fullname(release)}-6b7c-aaaaa", f"{fullname(release)}-6b7c-bbbbb"
 
     def holder() -> str:
-        return get_json(cluster, "lease", fullname(release), "-n", namespace)["spec"].get(
-            "holderIdentity", ""
-        )
+        lease = get_json(cluster, "lease", fullname(release), "-n", namespace)
+        assert lease["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", "not the chart's Lease"
+        return lease["spec"].get("holderIdentity", "")
 
     operators = {first: start_operator(chart, namespace, release, first)}
     try:

@@ -20,7 +20,6 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
-    LEADER_NEEDS,
     LEADER_NEEDS_BY_NAME,
     OPERATOR_NEEDS,
     PEERING_NEEDS_CLUSTER,
@@ -416,9 +415,8 @@ def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
     assert len(lease_roles) == 1
     role = lease_roles[0]
     assert role["metadata"]["namespace"] == "kubetrain-system"
-    assert granted(role["rules"]) == set(LEADER_NEEDS) | set(LEADER_NEEDS_BY_NAME)
-    named = [rule for rule in role["rules"] if "resourceNames" in rule]
-    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kt-kubetrain"],
+    assert granted(role["rules"]) == set(LEADER_NEEDS_BY_NAME)
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kt-kubetrain"],
                       "verbs": ["get", "update"]}]  # fmt: skip
     container = operator_container(objects)
     assert {"--leader-elect", "--leader-election-namespace=kubetrain-system",
@@ -432,6 +430,9 @@ def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert "command" not in container, "leader election needs no per-replica priority"
+    lease = only(objects, "Lease")
+    assert lease["metadata"] == {**lease["metadata"], "name": "kt-kubetrain", "namespace": "kubetrain-system"}
+    assert lease["spec"] == {}, "the operator owns every spec field"
 
 
 def test_gang_scheduler_grants_follow_the_values(helm_bin: Path, tmp_path: Path) -> None:
