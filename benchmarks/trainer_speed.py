@@ -455,8 +455,13 @@ def main() -> None:
     results["ceiling"] = run_ceiling(root, steps=100 if args.quick else 300)
     results["ddp"] = run_ddp(root, args.work / "ddp-output", epochs=1 if args.quick else 2)
     results["machine"]["load_average_at_end"] = os.getloadavg()
-    write_results(results, "trainer-speed-quick" if args.quick else "trainer-speed")
-    print((RESULTS / ("trainer-speed-quick.md" if args.quick else "trainer-speed.md")).read_text())
+    name = (
+        "trainer-speed"
+        + ("-quick" if args.quick else "")
+        + (f"-seed{seed_epochs}ep" if args.seed_epochs else "")
+    )
+    write_results(results, name)
+    print((RESULTS / f"{name}.md").read_text())
 
 
 if __name__ == "__main__":

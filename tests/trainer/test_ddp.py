@@ -4,7 +4,10 @@ that loses a process resumes from its last checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import pytest
 import torch
 from kubetrain_trainer import models
 from kubetrain_trainer.exit_codes import ExitCode
-from trainer_helpers import kubetrain, start_ranks, trainer_env, wait_all
+from trainer_helpers import free_port, kubetrain, start_ranks, trainer_env, wait_all
 
 pytestmark = pytest.mark.distributed
 
@@ -121,3 +124,36 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
     assert "epoch-000001.pt: epoch 1 of 3 done" in result.stderr
     history = json.loads((tmp_path / "corrupt" / "metrics.json").read_text())["epochs"]
     assert [h["epoch"] for h in history] == [1, 2, 3]
+
+
+def test_torchrun_with_two_processes_per_worker_joins_through_the_agent_store(tmp_path: Path) -> None:
+    """The operator's command for procsPerWorker 2: `torchrun --no-python kubetrain train` with PET_* env."""
+    bin_dir = Path(sys.executable).parent
+    port = str(free_port())
+    env = trainer_env(
+        _fake_config(tmp_path, epochs=1),
+        KUBETRAIN_JOB_NAME="torchrun",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        WORLD_SIZE="2",
+        RANK="0",
+        NODE_RANK="0",
+        LOCAL_WORLD_SIZE="2",
+        PET_NNODES="1",
+        PET_NPROC_PER_NODE="2",
+        PET_NODE_RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=port,
+    )
+    result = subprocess.run(
+        [str(bin_dir / "torchrun"), "--no-python", "kubetrain", "train"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "joined torchrun process group: rank 0 of 2" in result.stderr
+    assert _progress(tmp_path / "torchrun")["epoch"] == 1

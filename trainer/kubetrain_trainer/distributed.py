@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+"""Set to "True" by torchrun for its worker processes (several processes per pod)."""
+
 _CONNECT_ATTEMPT_SECONDS = 2.0
 """Each connection attempt to the master waits this long: a master appearing late is seen within seconds."""
 
@@ -37,6 +40,8 @@ class WorldEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    agent_store: bool = False
+    """True under torchrun: its agent already hosts the store at MASTER_ADDR:MASTER_PORT for every rank."""
 
     @property
     def distributed(self) -> bool:
@@ -106,6 +111,7 @@ def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
         local_world_size=local_world_size,
         master_addr=env.get(contract.MASTER_ADDR, "127.0.0.1"),
         master_port=port,
+        agent_store=env.get(TORCHELASTIC_USE_AGENT_STORE) == "True",
     )
 
 
@@ -179,20 +185,32 @@ def connect_store(world: WorldEnv, timeout_seconds: float) -> torch.distributed.
 def init_process_group(
     world: WorldEnv, backend: str, rendezvous_timeout_seconds: float, collective_timeout_seconds: float
 ) -> None:
-    """Join the group through a store that was reached with retries; no-op for a single process."""
+    """Join the group through a store that was reached with retries; no-op for a single process.
+
+    Under torchrun the agents have already met (torchrun retries its own rendezvous), and rank 0 must not
+    host a second store on the agent's port: `env://` makes every rank a client of the agent's store.
+    """
     if not world.distributed:
         return
     import torch.distributed as dist
 
+    timeout = timedelta(seconds=collective_timeout_seconds)
+    if world.agent_store:
+        dist.init_process_group(
+            backend, init_method="env://", rank=world.rank, world_size=world.world_size, timeout=timeout
+        )
+        log.info(
+            "joined torchrun process group: rank %d of %d, backend %s",
+            world.rank,
+            world.world_size,
+            backend,
+        )
+        return
     store = connect_store(world, rendezvous_timeout_seconds)
     store.set_timeout(timedelta(seconds=rendezvous_timeout_seconds))
     try:
         dist.init_process_group(
-            backend,
-            store=store,
-            rank=world.rank,
-            world_size=world.world_size,
-            timeout=timedelta(seconds=collective_timeout_seconds),
+            backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
         )
     except dist.DistStoreError as error:
         raise RendezvousTimeoutError(
