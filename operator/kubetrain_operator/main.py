@@ -84,6 +84,17 @@ class Options:
 _state: dict[str, Options] = {"options": Options()}
 
 
+class TrainingJobDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a diff base (deep copies of the whole body) for every event of every watched resource,
+    though only TrainingJobs have handlers that look at changes; for the Jobs' and Pods' events (dozens per
+    TrainingJob, managedFields included) that was most of the event loop's CPU. Skip it for them."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        if body.get("kind") != constants.KIND:
+            return kopf.BodyEssence()
+        return super().build(body=body, extra_fields=extra_fields)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     """Every kopf setting in one place, each with the reason for its value."""
@@ -91,7 +102,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Handler progress and the last-handled spec go in annotations under our own prefix (status.kopf
     # would be pruned by the structural schema); the spec is bounded by the CRD, so they stay small.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = TrainingJobDiffBaseStorage(
         prefix=constants.GROUP, key="last-handled-configuration"
     )
     # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
@@ -106,6 +117,12 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     settings.peering.priority = options.priority
+    # With literal namespaces the operator needs no cluster-wide view: without this, kopf spends about a
+    # minute retrying namespace and CRD listings that a namespaced Role refuses before it starts serving.
+    # Glob patterns still need the scan (kopf resolves them by watching namespaces).
+    settings.scanning.disabled = not options.all_namespaces and not any(
+        any(char in pattern for char in "*?[") for pattern in options.watched_namespaces()
+    )
 
     controller = Controller(
         kube.Kube(),
