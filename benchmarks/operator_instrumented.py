@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import os
 import re
 import sys
 import threading
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 _counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+_seconds: collections.Counter[tuple[str, str, str]] = collections.Counter()
 _lock = threading.Lock()
 _PATH = re.compile(
     r"^/(?:api|apis/[^/]+)/[^/]+(?:/namespaces/[^/]+)?/(?P<resource>[^/?]+)(?P<name>/[^/?]+)?(?P<sub>/[^/?]+)?"
@@ -57,10 +59,11 @@ def classify(method: str, url: str) -> tuple[str, str]:
     return verb, resource
 
 
-def _count(client: str, method: str, url: str) -> None:
+def _count(client: str, method: str, url: str, seconds: float = 0.0) -> None:
     verb, resource = classify(method, url)
     with _lock:
         _counts[(client, verb, resource)] += 1
+        _seconds[(client, verb, resource)] += seconds
 
 
 def _install() -> None:
@@ -70,8 +73,11 @@ def _install() -> None:
     original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
 
     def urlopen(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
-        _count("kube", method, url)
-        return original_urlopen(self, method, url, *args, **kwargs)
+        started = time.monotonic()
+        try:
+            return original_urlopen(self, method, url, *args, **kwargs)
+        finally:
+            _count("kube", method, url, time.monotonic() - started)
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
 
@@ -100,11 +106,37 @@ def _install() -> None:
 def _dump(path: str) -> None:
     with _lock:
         rows = [
-            {"client": c, "verb": v, "resource": r, "count": n} for (c, v, r), n in sorted(_counts.items())
+            {"client": c, "verb": v, "resource": r, "count": n, "seconds": round(_seconds[(c, v, r)], 3)}
+            for (c, v, r), n in sorted(_counts.items())
         ]
     tmp = Path(f"{path}.tmp")
     tmp.write_text(json.dumps({"time": time.time(), "requests": rows}))
     tmp.replace(path)
+
+
+def _dump_tracemalloc(path: str) -> None:
+    import tracemalloc
+
+    current, peak = tracemalloc.get_traced_memory()
+    snapshot = tracemalloc.take_snapshot()
+    lines = [f"traced now {current / 2**20:.1f} MiB, traced peak {peak / 2**20:.1f} MiB"]
+    for stat in snapshot.statistics("traceback")[:15]:
+        lines.append(f"{stat.size / 2**20:.2f} MiB in {stat.count} blocks")
+        lines.extend(f"    {line}" for line in stat.traceback.format()[-8:])
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def _tracer(path: str) -> None:
+    """A snapshot whenever the traced heap is 10% above the largest seen so far."""
+    import tracemalloc
+
+    largest = 0
+    while True:
+        time.sleep(3)
+        current, _ = tracemalloc.get_traced_memory()
+        if current > largest * 1.1:
+            largest = current
+            _dump_tracemalloc(path)
 
 
 def _dumper(path: str) -> None:
@@ -122,6 +154,13 @@ def main() -> None:
     _install()
     atexit.register(_dump, counts_path)
     threading.Thread(target=_dumper, args=(counts_path,), daemon=True).start()
+
+    trace_path = os.environ.get("KUBETRAIN_BENCH_TRACEMALLOC")
+    if trace_path:  # where the Python heap goes: the top allocation sites at exit, and the traced peak
+        import tracemalloc
+
+        tracemalloc.start(8)
+        threading.Thread(target=_tracer, args=(trace_path,), daemon=True).start()
 
     from kubetrain_operator import cli
 

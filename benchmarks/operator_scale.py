@@ -285,7 +285,9 @@ def proc_stats(pid: int) -> dict[str, float]:
 
 
 class Operator:
-    def __init__(self, cluster: Cluster, workdir: Path, tag: str, args: list[str], profile: bool) -> None:
+    def __init__(  # noqa: PLR0917
+        self, cluster: Cluster, workdir: Path, tag: str, args: list[str], profile: bool, env: dict[str, str]
+    ) -> None:
         self.counts = workdir / f"requests-{tag}.json"
         self.profile = workdir / f"profile-{tag}.prof" if profile else None
         self.log = workdir / f"operator-{tag}.log"
@@ -293,7 +295,7 @@ class Operator:
         if self.profile:
             argv.append(str(self.profile))
         argv += ["--", "operator", "--metrics-port", "0", "--liveness", "", *args]
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **env}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -324,6 +326,10 @@ class Operator:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         return json.loads(self.counts.read_text())["requests"]
+
+
+def operator_env(args: argparse.Namespace) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in args.operator_env)
 
 
 # ---------------------------------------------------------------- workloads
@@ -417,6 +423,7 @@ def run_floor(client: Api, watch: Watch, n: int, w: int, args: argparse.Namespac
 def requests_table(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
     by_verb: Counter[str] = Counter()
     detail: Counter[str] = Counter()
+    latency: dict[str, float] = {}
     connects = 0
     for row in rows:
         if row["verb"] == "tls-connect":
@@ -424,6 +431,8 @@ def requests_table(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
             continue
         by_verb[row["verb"]] += row["count"]
         detail[f"{row['client']} {row['verb']} {row['resource']}"] += row["count"]
+        if row.get("seconds") and row["client"] == "kube":
+            latency[f"{row['verb']} {row['resource']}"] = round(row["seconds"] / row["count"], 4)
     total = sum(by_verb.values())
     return {
         "total": total,
@@ -431,6 +440,7 @@ def requests_table(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "per_trainingjob_by_verb": {v: round(c / n, 2) for v, c in sorted(by_verb.items())},
         "detail": dict(sorted(detail.items(), key=lambda kv: -kv[1])),
         "new_tls_connections_kube_client": connects,
+        "mean_seconds_per_request_kube_client": latency,
     }
 
 
@@ -439,7 +449,7 @@ def run_operator(  # noqa: PLR0917
 ) -> dict[str, Any]:
     ns = f"op-{n}"
     namespace(client, ns)
-    operator = Operator(cluster, workdir, f"n{n}", ["--namespace", ns], args.profile)
+    operator = Operator(cluster, workdir, f"n{n}", ["--namespace", ns], args.profile, operator_env(args))
     before = operator.stats()
     started = time.time()
     bodies = [("TrainingJob", trainingjob(f"tj-{i:05d}", w, args.run_for)) for i in range(n)]
@@ -494,7 +504,7 @@ def run_rss(
     wait(lambda: watch.count(ns, "TrainingJob") >= args.rss_jobs, 300, "idle TrainingJobs", watch)
     present = sum(1 for key in watch.state if key[0] == "TrainingJob")
     started = time.time()
-    operator = Operator(cluster, workdir, "rss", ["--all-namespaces"], False)
+    operator = Operator(cluster, workdir, "rss", ["--all-namespaces"], False, operator_env(args))
     wait(lambda: watch.count(ns, "TrainingJob", "Suspended") >= args.rss_jobs, 900, "all Suspended", watch)
     settled = time.time() - started
     # Resume handlers reconcile every TrainingJob present once; wait for the request rate to go quiet.
@@ -562,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--run-for", default="2s")
     parser.add_argument("--rss-jobs", type=int, default=1000)
+    parser.add_argument(
+        "--operator-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for the operator"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the operator's event loop thread")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "operator-scale")
     parser.add_argument("--workdir", type=Path, default=None)
@@ -621,6 +634,43 @@ def main(argv: list[str] | None = None) -> int:
 def _write(out: Path, results: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".generated.md").write_text(render_markdown(results))
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """The figures of one run as Markdown tables (benchmarks/results/operator-scale.md quotes them)."""
+    m = results.get("machine", {})
+    lines = [
+        f"Machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}), {m.get('memory')} memory, load average at "
+        f"start {' '.join(m.get('loadavg_at_start', []))}; kube-apiserver {m.get('kube_apiserver')}, "
+        f"{m.get('kwok_nodes')} kwok nodes; Python {m.get('python')}, kopf {m.get('kopf')}, kubernetes "
+        f"client {m.get('kubernetes_client')}, aiohttp {m.get('aiohttp')}.",
+        "",
+        "| N x W | floor: children | operator: children | ratio | creation->children p50 / p95 / p99 "
+        "| floor: all complete | operator: all Succeeded | ratio | operator CPU s | peak RSS MB "
+        "| requests / TrainingJob |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    workers = results["args"].get("workers")
+    for n, run in results.get("runs", {}).items():
+        floor, op = run["floor"], run["operator"]
+        lat = op["creation_to_children_seconds"]
+        verbs = ", ".join(f"{v} {c:g}" for v, c in op["requests"]["per_trainingjob_by_verb"].items())
+        lines.append(
+            f"| {n} x {workers} | {floor['children_seconds']:.1f} s | {op['children_seconds']:.1f} s "
+            f"| {run['ratio_children']:.2f} | {lat['p50']:.2f} / {lat['p95']:.2f} / {lat['p99']:.2f} s "
+            f"| {floor['all_complete_seconds']:.1f} s | {op['all_succeeded_seconds']:.1f} s "
+            f"| {run['ratio_all_done']:.2f} | {op['cpu_seconds_total']:.1f} | {op['peak_rss_mb']:.0f} "
+            f"| {op['requests']['per_trainingjob']:g} ({verbs}) |"
+        )
+    if "rss" in results:
+        r = results["rss"]
+        lines += [
+            "",
+            f"RSS with {r['trainingjobs_present']} TrainingJobs present (operator watching all namespaces, "
+            f"started after they existed): peak {r['peak_rss_mb']:.0f} MB, settled {r['rss_mb']:.0f} MB.",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ JOB_PATHS = {
 }
 
 
+POOL_SIZE = 64
+"""Keep-alive connections to the API server: at least every thread that may call it at once."""
+
+
 class ApiError(Exception):
     """A non-2xx answer from the API server."""
 
@@ -191,4 +195,8 @@ def make_api_client() -> Any:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    # The default pool (5 x CPUs) is smaller than the threads calling the API (kopf's pool plus the
+    # scheduler's): the overflow would open a TLS connection per request and discard it.
+    configuration.connection_pool_maxsize = POOL_SIZE
+    return client.ApiClient(configuration)
