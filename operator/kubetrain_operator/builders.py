@@ -45,6 +45,9 @@ class Context:
     spec: api.TrainingJobSpec
     restart_attempt: int = 0
     default_image: str = "kubetrain:latest"
+    default_service_account: str | None = None
+    """Workers' ServiceAccount when spec.serviceAccountName is empty (the chart's kubetrain-worker, which
+    may patch its own pod's progress annotation); None leaves the namespace's default account."""
 
 
 RESTRICTED_POD_SECURITY: dict[str, Any] = {
@@ -266,7 +269,7 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         "affinity": spec.affinity,
         "priorityClassName": spec.priority_class_name,
         "schedulerName": spec.scheduler_name,
-        "serviceAccountName": spec.service_account_name,
+        "serviceAccountName": spec.service_account_name or ctx.default_service_account,
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     if spec.image_pull_secrets:

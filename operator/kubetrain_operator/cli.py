@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--default-image", default=env.default_image, help="image for TrainingJobs without spec.image"
     )
+    op.add_argument(
+        "--worker-service-account",
+        default=env.worker_service_account,
+        help="ServiceAccount for workers of TrainingJobs without spec.serviceAccountName "
+        "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account)",
+    )
     op.add_argument("--metrics-port", type=int, default=env.metrics_port, help="Prometheus port; 0 disables")
     op.add_argument(
         "--liveness",
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             namespaces=args.namespaces or env.namespaces,
             all_namespaces=args.all_namespaces,
             default_image=args.default_image,
+            worker_service_account=args.worker_service_account,
             metrics_port=args.metrics_port,
             liveness=args.liveness or None,
             peering=args.peering,

@@ -44,6 +44,7 @@ class Options:
     namespaces: list[str] = dataclasses.field(default_factory=list)
     all_namespaces: bool = False
     default_image: str = "kubetrain:latest"
+    worker_service_account: str | None = None
     metrics_port: int = 8080
     liveness: str | None = "http://0.0.0.0:8081/healthz"
     peering: str | None = None
@@ -64,6 +65,7 @@ class Options:
             namespaces=namespaces,
             all_namespaces=env.get("KUBETRAIN_ALL_NAMESPACES", "").lower() in ("1", "true", "yes"),
             default_image=env.get("KUBETRAIN_DEFAULT_IMAGE", cls.default_image),
+            worker_service_account=env.get("KUBETRAIN_WORKER_SERVICE_ACCOUNT") or None,
             metrics_port=int(env.get("KUBETRAIN_METRICS_PORT", cls.metrics_port)),
             liveness=env.get("KUBETRAIN_LIVENESS", cls.liveness) or None,
             peering=env.get("KUBETRAIN_PEERING") or None,
@@ -126,7 +128,11 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 
     controller = Controller(
         kube.Kube(),
-        reconcile.Defaults(image=options.default_image, resync_seconds=options.resync_seconds),
+        reconcile.Defaults(
+            image=options.default_image,
+            service_account=options.worker_service_account,
+            resync_seconds=options.resync_seconds,
+        ),
         Metrics.create(),
     )
     controller.start()

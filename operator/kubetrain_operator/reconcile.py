@@ -121,6 +121,7 @@ class Defaults:
     """Operator-level configuration the planner needs."""
 
     image: str = "kubetrain:latest"
+    service_account: str | None = None
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
 
@@ -320,6 +321,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         spec=spec,
         restart_attempt=attempt,
         default_image=defaults.image,
+        default_service_account=defaults.service_account,
     )
     if obs.service is None:
         out.create.append(builders.build_service(ctx))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -299,3 +300,23 @@ def test_an_explicit_scheduler_name_wins_and_no_gang_means_no_pod_group() -> Non
     ctx = context(spec=trainer_spec(schedulerName="my-volcano", gangScheduling={"provider": "volcano"}))
     assert builders.build_worker_job(ctx, 0)["spec"]["template"]["spec"]["schedulerName"] == "my-volcano"
     assert builders.build_pod_group(context()) is None
+
+
+@pytest.mark.parametrize(
+    ("spec_account", "operator_default", "expected"),
+    [
+        (None, None, None),
+        (None, "kubetrain-worker", "kubetrain-worker"),
+        ("mine", "kubetrain-worker", "mine"),
+        ("mine", None, "mine"),
+    ],
+)
+def test_worker_service_account_is_the_specs_else_the_operators_default(
+    spec_account: str | None, operator_default: str | None, expected: str | None
+) -> None:
+    spec = trainer_spec()
+    if spec_account:
+        spec["serviceAccountName"] = spec_account
+    ctx = dataclasses.replace(context(spec=spec), default_service_account=operator_default)
+    pod_spec = builders.build_worker_job(ctx, 0)["spec"]["template"]["spec"]
+    assert pod_spec.get("serviceAccountName") == expected
