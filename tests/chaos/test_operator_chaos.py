@@ -48,7 +48,7 @@ def test_operator_sigkilled_ten_times_at_random_moments(
     chaos_cluster: Cluster, chaos_namespace: str, operator_factory: Callable[..., OperatorProcess]
 ) -> None:
     rng = random.Random(SEED)
-    jobs = 40
+    jobs = 100
     names = [f"kill-{index:03d}" for index in range(jobs)]
     counter = CreationCounter(chaos_cluster)
     counter.start()
