@@ -12,9 +12,8 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from kubetrain_operator import builders
 from kubetrain_trainer import contract, progress
 from testcluster import processes
 from testcluster.cluster import Cluster
+from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -65,16 +65,6 @@ CLUSTER_KINDS = (
     "clusterrolebindings.rbac.authorization.k8s.io",
     "clusterkopfpeerings.kopf.dev",
 )
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from testcluster import processes
 from testcluster.cluster import Cluster, start_cluster
+from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-def _wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _job(name: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict:
@@ -103,13 +92,13 @@ def test_fail_attempt_annotation_spares_pods_of_other_attempts(cluster: Cluster,
 def test_held_pod_keeps_running_until_deleted(cluster: Cluster, namespace: str) -> None:
     job = _job("held", annotations={"sim.kubetrain.io/hold": "true"})
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(job))
-    _wait_for(
+    wait_for(
         lambda: _only_pod(cluster, namespace, "held")["status"].get("phase") == "Running", what="Running"
     )
     time.sleep(3)  # three times the default run-for: a pod that was not held would have ended by now
     assert _only_pod(cluster, namespace, "held")["status"]["phase"] == "Running"
     cluster.kubectl("-n", namespace, "delete", "job", "held", "--cascade=foreground", "--timeout=60s")
-    _wait_for(lambda: not _get(cluster, namespace, "pods")["items"], what="the held pod to be deleted")
+    wait_for(lambda: not _get(cluster, namespace, "pods")["items"], what="the held pod to be deleted")
 
 
 def test_deleting_an_owner_garbage_collects_its_dependents(cluster: Cluster, namespace: str) -> None:
@@ -119,9 +108,9 @@ def test_deleting_an_owner_garbage_collects_its_dependents(cluster: Cluster, nam
     dependent = _job("dependent", annotations={"sim.kubetrain.io/hold": "true"})
     dependent["metadata"]["ownerReferences"] = [reference]
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(dependent))
-    _wait_for(lambda: _get(cluster, namespace, "pods")["items"], what="the dependent Job's pod")
+    wait_for(lambda: _get(cluster, namespace, "pods")["items"], what="the dependent Job's pod")
     cluster.kubectl("-n", namespace, "delete", "configmap", "owner")
-    _wait_for(
+    wait_for(
         lambda: (
             not _get(cluster, namespace, "jobs")["items"] and not _get(cluster, namespace, "pods")["items"]
         ),

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from testcluster.cluster import Cluster
 from testcluster.operator_process import CreationCounter, OperatorProcess
+from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -24,15 +25,7 @@ INVALID_MANIFESTS = (
 
 
 def _wait_for(predicate: Callable[[], Any], timeout: float, what: str, operator: OperatorProcess) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}\noperator log:\n{operator.log_tail()}"
-    )
+    return wait_for(predicate, what, timeout, explain=lambda: f"operator log:\n{operator.log_tail()}")
 
 
 def _trainingjob(
