@@ -30,7 +30,7 @@ test: venv binaries lint
 unit: venv
 	$(BIN)/python -m pytest -m unit
 
-demo: venv binaries
+demo: venv
 	bash hack/demo.sh
 
 crds: venv
