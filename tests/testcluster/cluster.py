@@ -25,6 +25,13 @@ POD_CIDR = "10.64.0.0/12"
 _COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
+class KubectlError(subprocess.CalledProcessError):
+    """A failed kubectl call whose message carries kubectl's own explanation."""
+
+    def __str__(self) -> str:
+        return f"kubectl {' '.join(self.cmd[3:])} exited {self.returncode}: {(self.stderr or '').strip()}"
+
+
 class ClusterError(RuntimeError):
     """The control plane failed to start or to become ready; the message points at the component's log."""
 
@@ -67,7 +74,7 @@ class Cluster:
         """Run kubectl against this cluster and return its stdout; raise with stderr when it fails."""
         result = self.run_kubectl(*args, input_text=input_text)
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout, result.stderr)
+            raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
         return result.stdout
 
     def apply(self, manifest: dict[str, Any] | list[dict[str, Any]]) -> str:

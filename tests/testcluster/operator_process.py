@@ -15,14 +15,30 @@ from kubernetes import client, config, watch
 
 from testcluster import processes
 from testcluster.cluster import Cluster
+from testcluster.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
 
 
 def install_crd(cluster: Cluster) -> None:
+    """Apply the CRD and wait until it is served; right after start-up kubectl's discovery may not know
+    the `crd` resource yet, so the wait itself is retried until the deadline."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+    wait_for(
+        lambda: (
+            cluster.run_kubectl(
+                "wait",
+                "--for=condition=Established",
+                "customresourcedefinition/trainingjobs.kubetrain.io",
+                "--timeout=10s",
+            ).returncode
+            == 0
+        ),
+        "the TrainingJob CRD to be Established",
+        timeout=90,
+        interval=1.0,
+    )
 
 
 class OperatorProcess:
