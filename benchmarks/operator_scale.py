@@ -445,15 +445,29 @@ def requests_table(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 
 def run_operator(  # noqa: PLR0917
-    cluster: Cluster, client: Api, watch: Watch, n: int, w: int, args: argparse.Namespace, workdir: Path
+    cluster: Cluster,
+    client: Api,
+    watch: Watch,
+    n: int,
+    w: int,
+    args: argparse.Namespace,
+    workdir: Path,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    ns = f"op-{n}"
+    """Burst (rate None): N TrainingJobs as fast as the API accepts them. Paced: one every 1/rate seconds."""
+    ns = f"op-{n}" if rate is None else f"paced-{n}"
     namespace(client, ns)
-    operator = Operator(cluster, workdir, f"n{n}", ["--namespace", ns], args.profile, operator_env(args))
+    operator = Operator(cluster, workdir, ns, ["--namespace", ns], args.profile, operator_env(args))
     before = operator.stats()
     started = time.time()
     bodies = [("TrainingJob", trainingjob(f"tj-{i:05d}", w, args.run_for)) for i in range(n)]
-    submit = create_all(client, ns, bodies, args.threads)
+    if rate is None:
+        submit = create_all(client, ns, bodies, args.threads)
+    else:
+        for index, (kind, body) in enumerate(bodies):
+            time.sleep(max(0.0, started + index / rate - time.time()))
+            client.create(plural_path(kind, ns), body)
+        submit = time.time() - started
     wait(lambda: sum(map(len, watch.children(ns).values())) >= n * (1 + w), 900, "operator children", watch)
     children = watch.children(ns)
     last_child = max(t for ts in children.values() for t in ts)
@@ -573,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-for", default="2s")
     parser.add_argument("--rss-jobs", type=int, default=1000)
     parser.add_argument(
+        "--paced",
+        default="100@2",
+        help="N@RATE: N TrainingJobs submitted at RATE per second (latency); '' skips",
+    )
+    parser.add_argument(
         "--operator-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for the operator"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the operator's event loop thread")
@@ -619,6 +638,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             results["runs"][str(n)] = run
             _write(args.out, results)
+        if args.paced:
+            n, rate = args.paced.split("@")
+            print(f"paced: {n} TrainingJobs at {rate}/s", flush=True)
+            results["paced"] = run_operator(
+                cluster, client, watch, int(n), args.workers, args, workdir, rate=float(rate)
+            )
+            results["paced"]["rate_per_second"] = float(rate)
+            _write(args.out, results)
         if args.rss_jobs:
             results["rss"] = run_rss(cluster, client, watch, args, workdir)
         results["watch_errors"] = watch.errors[:20]
@@ -663,6 +690,15 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"| {run['ratio_all_done']:.2f} | {op['cpu_seconds_total']:.1f} | {op['peak_rss_mb']:.0f} "
             f"| {op['requests']['per_trainingjob']:g} ({verbs}) |"
         )
+    if "paced" in results:
+        op = results["paced"]
+        lat = op["creation_to_children_seconds"]
+        lines += [
+            "",
+            f"Paced: {lat['n']} TrainingJobs x {workers} workers submitted at {op['rate_per_second']:g}/s: "
+            f"creation->children p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s, p99 {lat['p99']:.2f} s, "
+            f"max {lat['max']:.2f} s; {op['requests']['per_trainingjob']:g} requests per TrainingJob.",
+        ]
     if "rss" in results:
         r = results["rss"]
         lines += [
