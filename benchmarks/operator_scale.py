@@ -300,7 +300,7 @@ class Operator:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # kopf lists every watched object before it watches
         while not self._watching():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
@@ -518,7 +518,10 @@ def run_rss(
     wait(lambda: watch.count(ns, "TrainingJob") >= args.rss_jobs, 300, "idle TrainingJobs", watch)
     present = sum(1 for key in watch.state if key[0] == "TrainingJob")
     started = time.time()
-    operator = Operator(cluster, workdir, "rss", ["--all-namespaces"], False, operator_env(args))
+    env = operator_env(args)
+    if args.rss_tracemalloc:
+        env["KUBETRAIN_BENCH_TRACEMALLOC"] = str(workdir / "tracemalloc.txt")
+    operator = Operator(cluster, workdir, "rss", ["--all-namespaces"], False, env)
     wait(lambda: watch.count(ns, "TrainingJob", "Suspended") >= args.rss_jobs, 900, "all Suspended", watch)
     settled = time.time() - started
     # Resume handlers reconcile every TrainingJob present once; wait for the request rate to go quiet.
@@ -594,6 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--operator-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for the operator"
     )
+    parser.add_argument("--skip-floor", action="store_true", help="operator runs only (no ratios)")
+    parser.add_argument(
+        "--rss-tracemalloc",
+        action="store_true",
+        help="trace the RSS phase's Python heap (workdir/tracemalloc.txt)",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the operator's event loop thread")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "operator-scale")
     parser.add_argument("--workdir", type=Path, default=None)
@@ -625,8 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         watch = Watch(cluster, workdir / "watch.tsv")
         for n in sizes:
             print(f"N={n} W={args.workers}", flush=True)
-            run: dict[str, Any] = {"floor": run_floor(client, watch, n, args.workers, args)}
+            run: dict[str, Any] = {}
+            if not args.skip_floor:
+                run["floor"] = run_floor(client, watch, n, args.workers, args)
             run["operator"] = run_operator(cluster, client, watch, n, args.workers, args, workdir)
+            results["runs"][str(n)] = run
+            if args.skip_floor:
+                continue
             run["ratio_children"] = run["operator"]["children_seconds"] / run["floor"]["children_seconds"]
             run["ratio_all_done"] = (
                 run["operator"]["all_succeeded_seconds"] / run["floor"]["all_complete_seconds"]
@@ -680,6 +694,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     workers = results["args"].get("workers")
     for n, run in results.get("runs", {}).items():
+        if "floor" not in run:
+            continue
         floor, op = run["floor"], run["operator"]
         lat = op["creation_to_children_seconds"]
         verbs = ", ".join(f"{v} {c:g}" for v, c in op["requests"]["per_trainingjob_by_verb"].items())
