@@ -1,7 +1,11 @@
 """The operator at scale, against the physical floor, on a real control plane (kwok nodes).
 
     .venv/bin/python benchmarks/operator_scale.py [--sizes 100,500] [--workers 4] [--nodes 24]
-        [--rss-jobs 1000] [--threads 16] [--profile] [--out benchmarks/results/operator-scale]
+        [--paced 100@2] [--rss-jobs 1000] [--threads 16] [--profile] [--skip-floor] [--rss-tracemalloc]
+        [--operator-env KEY=VALUE] [--out benchmarks/results/operator-scale]
+
+Results: OUT.json (everything) and OUT.generated.md (tables); benchmarks/results/operator-scale.md
+explains them. `--profile` writes a cProfile of the operator's event loop to the workdir.
 
 For each N in --sizes, in one cluster started here (start_cluster, `--nodes` kwok nodes of 110 pods):
 
@@ -15,6 +19,8 @@ For each N in --sizes, in one cluster started here (start_cluster, `--nodes` kwo
    W Jobs all seen (their ADDED events), p50/p95/p99. Operator total = first submit -> last child seen;
    ratio = operator total / floor time. Also -> every TrainingJob Succeeded. CPU seconds (utime+stime of
    /proc/PID/stat, all threads) and peak RSS (VmHWM) of the operator process.
+
+Paced (--paced N@RATE): N TrainingJobs submitted one every 1/RATE s; creation -> children per job.
 
 Then RSS: --rss-jobs suspended TrainingJobs are added, a fresh operator watching all namespaces starts,
 and its VmHWM is read once every TrainingJob present has been reconciled.
