@@ -114,7 +114,8 @@ class Cluster:
 
     def start_component(self, name: str, timeout: float = 120.0) -> None:
         """Start a stopped component again with its original command line (same ports, same data), and for
-        etcd and the API server wait until it answers its health check."""
+        etcd and the API server wait until it answers its health check. Only for a cluster started by this
+        process (`from_state` does not restore command lines)."""
         process = processes.start(name, self.argv[name], self.log_dir, detached=self._detached)
         self.processes[name] = process
         self.pids[name] = process.pid
