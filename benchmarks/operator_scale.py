@@ -309,6 +309,7 @@ class Operator:
         deadline = time.monotonic() + 300  # kopf lists every watched object before it watches
         while not self._watching():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()  # never leave it behind, retrying against a cluster about to go
                 raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.2)
         time.sleep(1.0)  # the watch streams are open; let kopf settle
@@ -331,7 +332,10 @@ class Operator:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        return json.loads(self.counts.read_text())["requests"]
+        try:
+            return json.loads(self.counts.read_text())["requests"]
+        except (OSError, ValueError):
+            return []
 
 
 def operator_env(args: argparse.Namespace) -> dict[str, str]:
