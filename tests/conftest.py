@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from testcluster import processes
 from testcluster.cluster import Cluster, start_cluster
 
 
@@ -28,10 +27,7 @@ def cluster() -> Iterator[Cluster]:
     try:
         yield running
     finally:
-        pids = dict(running.pids)
-        running.stop()
-        survivors = [name for name, pid in pids.items() if processes.pid_alive(pid)]
-        assert not survivors, f"control-plane processes still alive after teardown: {survivors}"
+        running.stop_and_verify()
 
 
 @pytest.fixture

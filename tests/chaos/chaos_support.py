@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from testcluster.cluster import Cluster
 from testcluster.operator_process import OperatorProcess
+from testcluster.waiting import wait_for
 
 PHASE_RANK = {None: -2, "Restarting": -1, "Pending": 0, "Running": 1, "Succeeded": 2, "Failed": 2}
 """Where a phase lies in one attempt: a status may only move forward through (restarts, rank)."""
@@ -52,13 +53,9 @@ def statuses(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, operator: OperatorProcess) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout:.0f}s: {what}\noperator log:\n{operator.log_tail(80)}")
+    return wait_for(
+        predicate, what, timeout, interval=1.0, explain=lambda: f"operator log:\n{operator.log_tail(80)}"
+    )
 
 
 def all_in_phase(cluster: Cluster, namespace: str, names: list[str], phase: str) -> Callable[[], bool]:

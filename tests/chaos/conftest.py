@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from testcluster import processes
 from testcluster.cluster import Cluster, start_cluster
 from testcluster.operator_process import OperatorProcess, install_crd
 
@@ -26,10 +25,7 @@ def chaos_cluster() -> Iterator[Cluster]:
         install_crd(running)
         yield running
     finally:
-        pids = dict(running.pids)
-        running.stop()
-        survivors = [name for name, pid in pids.items() if processes.pid_alive(pid)]
-        assert not survivors, f"control-plane processes still alive after teardown: {survivors}"
+        running.stop_and_verify()
 
 
 @pytest.fixture

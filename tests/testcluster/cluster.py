@@ -131,6 +131,13 @@ class Cluster:
                 processes.stop_group(pid)
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    def stop_and_verify(self) -> None:
+        """stop(), then fail if any component outlived it: the suite must leave no process behind."""
+        pids = dict(self.pids)
+        self.stop()
+        survivors = [name for name, pid in pids.items() if processes.pid_alive(pid)]
+        assert not survivors, f"control-plane processes still alive after teardown: {survivors}"
+
     def alive(self) -> dict[str, bool]:
         return {name: processes.pid_alive(pid) for name, pid in self.pids.items()}
 
