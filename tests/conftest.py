@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -33,9 +32,5 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
     """A namespace of its own for each test, deleted afterwards (without waiting for finalization)."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    cluster.kubectl("create", "namespace", name)
-    try:
+    with cluster.temporary_namespace("t") as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config, watch
+from testcluster import manifests
 from testcluster.cluster import Cluster
 from testcluster.operator_process import OperatorProcess
 from testcluster.waiting import wait_for
@@ -20,18 +21,8 @@ PHASE_RANK = {None: -2, "Restarting": -1, "Pending": 0, "Running": 1, "Succeeded
 
 
 def trainingjob(name: str, *, workers: int = 2, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubetrain.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.local/kubetrain-trainer:chaos",
-            "workers": workers,
-            "trainer": {"epochs": 1, "data": {"dataset": "fake"}},
-            "podAnnotations": annotations or {},
-            "runPolicy": {"maxRestarts": 3},
-        },
-    }
+    """The chaos suite's jobs may restart up to three times."""
+    return manifests.trainingjob(name, workers=workers, annotations=annotations, runPolicy={"maxRestarts": 3})
 
 
 def submit(cluster: Cluster, namespace: str, manifests: list[dict[str, Any]]) -> None:

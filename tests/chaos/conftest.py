@@ -6,8 +6,6 @@ and the load of a few hundred worker pods should not slow the other suites' test
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,18 +28,8 @@ def chaos_cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def chaos_namespace(chaos_cluster: Cluster) -> Iterator[str]:
-    name = f"chaos-{uuid.uuid4().hex[:8]}"
-    chaos_cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + 60
-    while not chaos_cluster.kubectl(
-        "-n", name, "get", "serviceaccount", "default", "--ignore-not-found", "-o", "name", check=False
-    ):
-        assert time.monotonic() < deadline, "no default ServiceAccount"
-        time.sleep(0.3)
-    try:
+    with chaos_cluster.temporary_namespace("chaos") as name:
         yield name
-    finally:
-        chaos_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture

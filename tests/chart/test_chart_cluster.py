@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,12 +112,8 @@ def chart(cluster: Cluster, helm_bin: Path, tmp_path: Path) -> Chart:
 @pytest.fixture
 def other_namespace(cluster: Cluster) -> Iterator[str]:
     """A second namespace, for what the operator watches (or must not reach)."""
-    name = f"o-{uuid.uuid4().hex[:10]}"
-    cluster.kubectl("create", "namespace", name)
-    try:
+    with cluster.temporary_namespace("o") as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from testcluster.cluster import Cluster
+from testcluster.manifests import trainingjob
 from testcluster.operator_process import CreationCounter, OperatorProcess
 from testcluster.waiting import wait_for
 
@@ -26,23 +27,6 @@ INVALID_MANIFESTS = (
 
 def _wait_for(predicate: Callable[[], Any], timeout: float, what: str, operator: OperatorProcess) -> Any:
     return wait_for(predicate, what, timeout, explain=lambda: f"operator log:\n{operator.log_tail()}")
-
-
-def _trainingjob(
-    name: str, *, workers: int = 2, annotations: dict[str, str] | None = None, **spec: Any
-) -> dict:
-    return {
-        "apiVersion": "kubetrain.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.local/kubetrain-trainer:test",
-            "workers": workers,
-            "trainer": {"epochs": 1, "data": {"dataset": "fake"}},
-            "podAnnotations": annotations or {},
-            **spec,
-        },
-    }
 
 
 def _apply(cluster: Cluster, namespace: str, manifest: dict) -> None:
@@ -74,7 +58,7 @@ def test_trainingjob_runs_to_success_with_service_jobs_env_and_times(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     _apply(
-        cluster, namespace, _trainingjob("mnist", workers=3, annotations={"sim.kubetrain.io/run-for": "3s"})
+        cluster, namespace, trainingjob("mnist", workers=3, annotations={"sim.kubetrain.io/run-for": "3s"})
     )
     _wait_for(lambda: len(_children(cluster, namespace, "jobs", "mnist")) == 3, 60, "three Jobs", operator)
 
@@ -122,7 +106,7 @@ def test_one_failed_worker_restarts_the_whole_group_exactly_once(
     counter.start()
     try:
         controls = {"sim.kubetrain.io/exit-code": "11", "sim.kubetrain.io/fail-attempt": "0"}
-        manifest = _trainingjob("flaky", workers=3, annotations=controls)
+        manifest = trainingjob("flaky", workers=3, annotations=controls)
         manifest["spec"]["runPolicy"] = {"maxRestarts": 2}
         _apply(cluster, namespace, manifest)
         _wait_for(
@@ -148,7 +132,7 @@ def test_one_failed_worker_restarts_the_whole_group_exactly_once(
 def test_failures_beyond_max_restarts_fail_naming_worker_and_exit_code(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    manifest = _trainingjob("doomed", workers=2, annotations={"sim.kubetrain.io/exit-code": "11"})
+    manifest = trainingjob("doomed", workers=2, annotations={"sim.kubetrain.io/exit-code": "11"})
     manifest["spec"]["runPolicy"] = {"maxRestarts": 1}
     _apply(cluster, namespace, manifest)
     _wait_for(_phase_is(cluster, namespace, "doomed", "Failed"), 120, "Failed", operator)
@@ -163,7 +147,7 @@ def test_failures_beyond_max_restarts_fail_naming_worker_and_exit_code(
 def test_non_retryable_exit_code_fails_at_once(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    manifest = _trainingjob("badconfig", workers=2, annotations={"sim.kubetrain.io/exit-code": "2"})
+    manifest = trainingjob("badconfig", workers=2, annotations={"sim.kubetrain.io/exit-code": "2"})
     manifest["spec"]["runPolicy"] = {"maxRestarts": 3}
     _apply(cluster, namespace, manifest)
     _wait_for(_phase_is(cluster, namespace, "badconfig", "Failed"), 90, "Failed", operator)
@@ -176,7 +160,7 @@ def test_suspend_removes_workers_and_resume_recreates_them(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     _apply(
-        cluster, namespace, _trainingjob("queued", workers=2, annotations={"sim.kubetrain.io/hold": "true"})
+        cluster, namespace, trainingjob("queued", workers=2, annotations={"sim.kubetrain.io/hold": "true"})
     )
     _wait_for(_phase_is(cluster, namespace, "queued", "Running"), 60, "Running", operator)
     cluster.kubectl(
@@ -211,7 +195,7 @@ def test_suspend_removes_workers_and_resume_recreates_them(
 def test_deleting_a_trainingjob_cascades_to_every_child(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    _apply(cluster, namespace, _trainingjob("doomed-owner", annotations={"sim.kubetrain.io/hold": "true"}))
+    _apply(cluster, namespace, trainingjob("doomed-owner", annotations={"sim.kubetrain.io/hold": "true"}))
     _wait_for(_phase_is(cluster, namespace, "doomed-owner", "Running"), 60, "Running", operator)
     cluster.kubectl("-n", namespace, "delete", "tj", "doomed-owner", "--timeout=60s")
     _wait_for(
@@ -235,7 +219,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates_and_every_job_finis
     try:
         # One request for all eight, so the first SIGKILL lands while the operator is still creating children.
         burst = [
-            _trainingjob(name, workers=3, annotations={"sim.kubetrain.io/run-for": "2s"}) for name in names
+            trainingjob(name, workers=3, annotations={"sim.kubetrain.io/run-for": "2s"}) for name in names
         ]
         _apply(cluster, namespace, {"apiVersion": "v1", "kind": "List", "items": burst})
         for kill_after in (0.3, 1.0, 0.6):

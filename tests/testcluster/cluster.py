@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import ssl
@@ -10,6 +11,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,32 @@ class Cluster:
             if pid is not None:
                 processes.stop_group(pid)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def temporary_namespace(self, prefix: str, timeout: float = 60.0) -> Iterator[str]:
+        """A fresh namespace whose default ServiceAccount exists (pods are refused before it does),
+        deleted afterwards without waiting for finalization."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.kubectl("create", "namespace", name)
+        try:
+            deadline = time.monotonic() + timeout
+            while not self.kubectl(
+                "-n",
+                name,
+                "get",
+                "serviceaccount",
+                "default",
+                "--ignore-not-found",
+                "-o",
+                "name",
+                check=False,
+            ):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"namespace {name} has no default ServiceAccount after {timeout:.0f}s")
+                time.sleep(0.3)
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
     def stop_and_verify(self) -> None:
         """stop(), then fail if any component outlived it: the suite must leave no process behind."""
