@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--posting-level", default=env.posting_level, help="kopf log level posted as k8s Events (WARNING)"
     )
-    op.add_argument("--workers", type=int, default=env.workers, help="threads for sync handlers")
+    op.add_argument("--workers", type=int, default=env.workers, help="reconcile threads (default 16)")
     op.add_argument("--verbose", "-v", action="store_true", help="kopf debug logging, a line per event")
     op.add_argument(
         "--leader-elect",

@@ -1,19 +1,28 @@
-"""The controller: executes reconcile plans against the API, one TrainingJob at a time.
+"""The controller: a work queue of TrainingJobs and the execution of their reconcile plans.
 
-kopf delivers events (TrainingJob changes, child Job and Pod events); the controller turns each into a
-`trigger(namespace, name)`. Triggers for one TrainingJob coalesce: while a reconcile of it runs, further
-triggers only mark it dirty and the running thread reconciles once more, so one job never has two
-reconciles in flight and bursts of pod events cost one pass. A small scheduler thread re-triggers jobs
-when a plan asks (deadline, TTL, waiting for deletions, periodic resync) and after errors, with capped
-exponential backoff.
+kopf's handlers only note that a TrainingJob needs a look (`enqueue`); a fixed set of worker threads takes
+keys off the queue and reconciles them, reading everything from the `cache` and calling the API server
+only to change something. The queue holds a key at most once; a key enqueued while it is being reconciled
+is reconciled once more right after, by the same thread, so one job never has two reconciles in flight
+and a burst of its pods' events costs one pass. Keys are urgent (a new TrainingJob or a changed spec:
+someone is waiting for workers) or routine (child events, resyncs); workers take urgent keys first, so a
+burst of submissions gets its workers before older jobs' status refreshes. A scheduler thread enqueues
+keys again when a plan asks (deadline, TTL, waiting for deletions, periodic resync) and after errors,
+with capped exponential backoff.
 
-Executing a plan: status patch first (guarded by the resourceVersion read, so a concurrent change makes
-us re-read instead of overwriting), then deletions, then creations (409 AlreadyExists is success: names
-are deterministic, so a retry or a restarted operator never creates a duplicate), then events.
+Executing a plan. A plan that only creates the current attempt's children (a new job, or a missing
+worker) creates them first, concurrently, then records status: nothing in that status is a decision the
+creations depend on, and a kill in between leaves children a later reconcile recognises (names are
+deterministic). Any other plan writes status first, guarded by the resourceVersion it was planned from (a
+stale read fails with 409 and is planned again instead of overwriting), because its status records a
+decision (a new restart attempt, a terminal phase) that must be durable before its effects: deletions,
+then creations. 409 AlreadyExists on a creation is success, so a retry or a restarted operator never
+creates a duplicate. Events go to a background poster (`events`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import logging
@@ -24,14 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain_operator import builders, constants, kube, names, reconcile
+from kubetrain_operator import constants, events, kube, names, observe, reconcile
 from kubetrain_operator import status as st
+from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
 
 logger = logging.getLogger("kubetrain.operator")
-
-Key = tuple[str, str]
-"""(namespace, name) of a TrainingJob."""
 
 GANG_APIS = {
     "volcano": constants.VOLCANO_PODGROUP_API,
@@ -42,15 +49,19 @@ ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Delays before re-running a reconcile that failed: the k-th consecutive error waits ERROR_BACKOFF[k]."""
 ERROR_EVENT_AFTER = 5
 """Consecutive failed reconciles after which a Warning event tells the user the operator is stuck."""
+CONFLICT_RETRY = 0.2
+"""Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
+CREATE_CONCURRENCY = 16
+"""Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 
 
 @dataclasses.dataclass
 class Outcome:
-    """What one reconcile did, for the kopf handlers and tests."""
+    """What one reconcile did, for tests and logs."""
 
     plan: reconcile.Plan | None = None
     invalid: str | None = None
-    """A message when the TrainingJob cannot be run as specified (kopf.PermanentError)."""
+    """A message when the TrainingJob cannot be run as specified (nothing is retried until it changes)."""
     gone: bool = False
 
 
@@ -73,26 +84,72 @@ class Controller:
     def __init__(
         self,
         client: kube.Kube,
+        cache: ClusterCache,
+        *,
         defaults: reconcile.Defaults | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], datetime] = utcnow,
-        scheduler_workers: int = 4,
+        workers: int = 8,
+        post_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.kube = client
+        self.cache = cache
         self.defaults = defaults or reconcile.Defaults()
         self.metrics = metrics or Metrics.create()
         self.clock = clock
+        self.workers = workers
+        self._post_event = post_event or self._post_event_now
         self._lock = threading.Lock()
         self._keys: dict[Key, _KeyState] = {}
         self._active: dict[Key, bool] = {}
+        self._urgent: collections.deque[Key] = collections.deque()
+        self._routine: collections.deque[Key] = collections.deque()
+        self._queued: dict[Key, bool] = {}
+        """Queued keys -> whether urgent (a key may sit in both deques; this says which entry counts)."""
+        self._work = threading.Condition(self._lock)
         self._heap: list[tuple[float, Key]] = []
         self._due: dict[Key, float] = {}
         self._wake = threading.Condition(self._lock)
         self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max_workers=scheduler_workers, thread_name_prefix="kubetrain-requeue")
+        self._threads: list[threading.Thread] = []
+        self._creators = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="kubetrain-create")
 
-    # ------------------------------------------------------------ triggering
+    # ------------------------------------------------------------ the queue
+
+    def enqueue(self, key: Key, urgent: bool = False) -> None:
+        """Ask for a reconcile of `key` by a worker thread. Never blocks, never calls the API."""
+        with self._lock:
+            state = self._keys.get(key)
+            if state is not None and state.running:
+                state.dirty = True  # the running reconcile goes round once more
+                return
+            queued_urgent = self._queued.get(key)
+            if queued_urgent is None or (urgent and not queued_urgent):
+                self._queued[key] = urgent
+                (self._urgent if urgent else self._routine).append(key)
+                self.metrics.queue_depth.set(len(self._queued))
+                self._work.notify()
+
+    def _next_key(self) -> Key | None:
+        """Block until a key is queued (urgent ones first); None once stopping. Call with the lock held."""
+        while not self._stopping:
+            for dq, urgent in ((self._urgent, True), (self._routine, False)):
+                while dq:
+                    key = dq.popleft()
+                    if self._queued.get(key) is urgent:  # else a stale entry: the key moved or was taken
+                        del self._queued[key]
+                        self.metrics.queue_depth.set(len(self._queued))
+                        return key
+            self._work.wait()
+        return None
+
+    def _run_worker(self) -> None:
+        while True:
+            with self._lock:
+                key = self._next_key()
+            if key is None:
+                return
+            self.trigger(*key)
 
     def trigger(self, namespace: str, name: str) -> Outcome | None:
         """Reconcile now in this thread, or mark dirty if another thread is at it. Never raises."""
@@ -131,9 +188,7 @@ class Controller:
             state.errors += 1
             logger.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, exc, delay)
             if state.errors == ERROR_EVENT_AFTER:
-                self._post_event_safely(
-                    key, "Warning", "ReconcileError", f"the operator keeps failing: {exc}"
-                )
+                self._event(key, None, "Warning", "ReconcileError", f"the operator keeps failing: {exc}")
             self.schedule(key, delay)
             return None
         finally:
@@ -144,7 +199,7 @@ class Controller:
         return outcome
 
     def schedule(self, key: Key, delay: float) -> None:
-        """Trigger `key` again after `delay` seconds (from the scheduler's threads).
+        """Enqueue `key` again after `delay` seconds.
 
         At most one pending wake-up per job: a later request than the pending one is dropped (the earlier
         reconcile asks again for what it still needs), an earlier one replaces it.
@@ -164,16 +219,23 @@ class Controller:
             self.metrics.active.set(sum(self._active.values()))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run_scheduler, name="kubetrain-scheduler", daemon=True)
-        self._thread.start()
+        scheduler = threading.Thread(target=self._run_scheduler, name="kubetrain-scheduler", daemon=True)
+        self._threads = [scheduler]
+        self._threads += [
+            threading.Thread(target=self._run_worker, name=f"kubetrain-worker-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
             self._wake.notify_all()
-        if self._thread:
-            self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            self._work.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._creators.shutdown(wait=False, cancel_futures=True)
 
     def _run_scheduler(self) -> None:
         while True:
@@ -191,60 +253,52 @@ class Controller:
                         del self._due[key]
                         due.add(key)
             for key in due:
-                self._pool.submit(self.trigger, *key)
+                self.enqueue(key)
 
     # ------------------------------------------------------------ one reconcile
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
-        """Read the TrainingJob and its children, plan, execute. Raises on API errors (retried)."""
-        body = self.kube.get(constants.KIND, namespace, name)
+        """Read the TrainingJob and its children from the cache, plan, execute. Raises on API errors."""
+        body = self.cache.trainingjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.forget(namespace, name)
             return Outcome(gone=True)
-        selector = f"{constants.LABEL_JOB_NAME}={builders.selector_labels(name)[constants.LABEL_JOB_NAME]}"
-        service = self.kube.get("Service", namespace, names.service_name(name))
-        jobs = self.kube.list("Job", namespace, selector)
-        pods = self.kube.list("Pod", namespace, selector)
+        uid = body["metadata"].get("uid", "")
+        services = [s for s in self.cache.children(namespace, name, "Service") if observe.owned_by(s, uid)]
         pod_group = None
         gang = (body.get("spec") or {}).get("gangScheduling") or {}
-        if gang.get("provider") in GANG_APIS:
+        if gang.get("provider") in GANG_APIS:  # rare: not worth a watch, read when asked for
             pod_group = self.kube.get(
                 "PodGroup", namespace, names.service_name(name), api_version=GANG_APIS[gang["provider"]]
             )
         observed = reconcile.Observed.from_objects(
-            body, service=service, jobs=jobs, pods=pods, pod_group=pod_group
+            body,
+            service=services[0] if services else None,
+            jobs=self.cache.children(namespace, name, "Job"),
+            pods=self.cache.children(namespace, name, "Pod"),
+            pod_group=pod_group,
         )
         plan = reconcile.plan(observed, self.clock(), self.defaults)
         outcome = Outcome(plan=plan)
-        rv = body.get("metadata", {}).get("resourceVersion")
-        if plan.status_changed(body.get("status") or {}):
-            try:
-                self.kube.patch_status(namespace, name, plan.status, rv)
-            except kube.ApiError as exc:
-                if exc.conflict:  # changed since we read it: read again soon, decide again
-                    plan.requeue_after = 0.2
-                    return outcome
-                if exc.not_found:
-                    return Outcome(gone=True)
-                if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
-                    outcome.invalid = self._status_refused(body, plan, exc)
-                    return outcome
-                raise
-        for deletion in plan.delete:
-            self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
-        try:
-            for manifest in plan.create:
-                self._create(manifest)
-        except InvalidChildError as exc:
-            outcome.invalid = self._fail_invalid(body, plan, str(exc))
-        except kube.ApiError as exc:
-            # Quota exceeded, forbidden, server trouble: say so in status (a job must never look fine
-            # while nothing can be created), then let the error schedule a retry with backoff.
-            self._report_failed_create(body, plan, exc)
-            raise
+        stored = body.get("status") or {}
+        creations_only = (
+            bool(plan.create)
+            and not plan.delete
+            and not plan.delete_self
+            and plan.status.get("restartAttempt") == stored.get("restartAttempt", 0)
+        )
+        if creations_only and not self._create_all(body, plan, outcome):
+            return outcome
+        if plan.status_changed(stored) and not self._write_status(body, plan, outcome):
+            return outcome
+        if not creations_only:
+            for deletion in plan.delete:
+                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
+            if not self._create_all(body, plan, outcome):
+                return outcome
         for event in plan.events:
             logger.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
-            self._post_event_safely((namespace, name), event.type, event.reason, event.message, body)
+            self._event((namespace, name), body, event.type, event.reason, event.message)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background")
         if outcome.invalid is None and plan.status.get("phase") == "Failed":
@@ -258,13 +312,56 @@ class Controller:
             self.metrics.active.set(sum(self._active.values()))
         return outcome
 
-    def _create(self, manifest: dict[str, Any]) -> None:
+    def _write_status(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
+        """Patch the planned status, guarded by the resourceVersion it was planned from. False when the
+        reconcile must stop here (stale read, object gone, or refused: `outcome` says which)."""
+        meta = body["metadata"]
         try:
-            self.kube.create(manifest)
+            written = self.kube.patch_status(
+                meta["namespace"], meta["name"], plan.status, meta.get("resourceVersion")
+            )
+        except kube.ApiError as exc:
+            if exc.conflict:  # changed since we read it: the watch brings the news, decide again then
+                plan.requeue_after = CONFLICT_RETRY
+                return False
+            if exc.not_found:
+                outcome.gone = True
+                return False
+            if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
+                outcome.invalid = self._status_refused(body, plan, exc)
+                return False
+            raise
+        self.cache.observe(written)
+        return True
+
+    def _create_all(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
+        """Create the plan's objects: a gang-scheduling PodGroup first (no worker pod may wait for a
+        missing group), then the Service and Jobs concurrently. False when the spec cannot work."""
+        first = [m for m in plan.create if m["kind"] not in ("Service", "Job")]
+        rest = [m for m in plan.create if m["kind"] in ("Service", "Job")]
+        try:
+            for batch in (first, rest):
+                for created in self._creators.map(self._create, batch):
+                    if created is not None:
+                        self.cache.observe(created)
+        except InvalidChildError as exc:
+            outcome.invalid = self._fail_invalid(body, plan, str(exc))
+            return False
+        except kube.ApiError as exc:
+            # Quota exceeded, forbidden, server trouble: say so in status (a job must never look fine
+            # while nothing can be created), then let the error schedule a retry with backoff.
+            self._report_failed_create(body, plan, exc)
+            raise
+        return True
+
+    def _create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when it already existed."""
+        try:
+            return self.kube.create(manifest)
         except kube.ApiError as exc:
             if exc.conflict:
-                return  # already exists: created by an earlier (maybe killed) reconcile
-            if exc.not_found and manifest["kind"] not in ("Job", "Service", "Event"):
+                return None  # already exists: created by an earlier (maybe killed) reconcile
+            if exc.not_found and manifest["kind"] not in ("Job", "Service"):
                 raise kube.ApiError(
                     404,
                     "NotFound",
@@ -284,13 +381,13 @@ class Controller:
             return
         status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
         try:
-            self.kube.patch_status(meta["namespace"], meta["name"], status, None)
+            self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
         except kube.ApiError as patch_error:
             logger.warning(
                 "could not record FailedCreate on %s/%s: %s", meta["namespace"], meta["name"], patch_error
             )
             return
-        self._post_event_safely((meta["namespace"], meta["name"]), "Warning", "FailedCreate", message, body)
+        self._event((meta["namespace"], meta["name"]), body, "Warning", "FailedCreate", message)
 
     def _status_refused(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> str:
         """The API server refuses to store any status for this TrainingJob (422): its stored spec no longer
@@ -307,7 +404,7 @@ class Controller:
             reason = "StatusRefused"
             message = f"the API server refuses to store this TrainingJob's status: {exc.message}"
         logger.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
-        self._post_event_safely((meta["namespace"], meta["name"]), "Warning", reason, message, body)
+        self._event((meta["namespace"], meta["name"]), body, "Warning", reason, message)
         return message
 
     def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
@@ -316,39 +413,20 @@ class Controller:
         now = self.clock()
         st.enter_phase(status, "Failed", "InvalidSpec", message, now)
         status["completionTime"] = st.timestamp(now)
-        self.kube.patch_status(meta["namespace"], meta["name"], status, None)
-        self._post_event_safely((meta["namespace"], meta["name"]), "Warning", "InvalidSpec", message, body)
+        self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
+        self._event((meta["namespace"], meta["name"]), body, "Warning", "InvalidSpec", message)
         self.metrics.record(meta["namespace"], ["failed"])
         return message
 
-    def _post_event_safely(
-        self, key: Key, type_: str, reason: str, message: str, body: dict[str, Any] | None = None
-    ) -> None:
-        namespace, name = key
-        now = st.timestamp(self.clock())
+    def _event(self, key: Key, body: dict[str, Any] | None, type_: str, reason: str, message: str) -> None:
         uid = (body or {}).get("metadata", {}).get("uid")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": constants.API_VERSION,
-                "kind": constants.KIND,
-                "name": name,
-                "namespace": namespace,
-                **({"uid": uid} if uid else {}),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": constants.FIELD_MANAGER},
-            "reportingComponent": f"{constants.GROUP}/operator",
-            "reportingInstance": constants.FIELD_MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        now = st.timestamp(self.clock())
+        event = events.build_event(*key, uid=uid, type_=type_, reason=reason, message=message, timestamp=now)
+        self._post_event(event)
+
+    def _post_event_now(self, event: dict[str, Any]) -> None:
         try:
             self.kube.create(event)
         except Exception as exc:  # events are best effort: never fail a reconcile for one
-            logger.info("could not post event %s on %s/%s: %s", reason, namespace, name, exc)
+            about = event["involvedObject"]["name"]
+            logger.info("could not post event %s on %s: %s", event["reason"], about, exc)

@@ -14,7 +14,8 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
   (harmless, every write is guarded by resourceVersion, but wasted work), so prefer `--leader-elect`;
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
   become Events on the TrainingJob (the operator posts its own transition Events regardless);
-- `--workers` (env KUBETRAIN_WORKERS, default 16): threads for sync handlers (kopf's executor);
+- `--workers` (env KUBETRAIN_WORKERS, default 16): the controller's reconcile threads (kopf's own
+  handlers are async and only feed the cache and the queue);
 - `--verbose`: kopf's debug logging, including a line per handled child event;
 - `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
   `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
@@ -23,7 +24,6 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -32,7 +32,8 @@ from typing import Any
 
 import kopf
 
-from kubetrain_operator import constants, kube, leader, reconcile
+from kubetrain_operator import constants, events, handlers, kube, leader, reconcile
+from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
 
@@ -85,35 +86,22 @@ class Options:
 
 _state: dict[str, Options] = {"options": Options()}
 
-
-class TrainingJobDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf builds a diff base (deep copies of the whole body) for every event of every watched resource,
-    though only TrainingJobs have handlers that look at changes; for the Jobs' and Pods' events (dozens per
-    TrainingJob, managedFields included) that was most of the event loop's CPU. Skip it for them."""
-
-    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
-        if body.get("kind") != constants.KIND:
-            return kopf.BodyEssence()
-        return super().build(body=body, extra_fields=extra_fields)
+LIST_CHUNK = 500
+"""Objects per page of kopf's initial listings."""
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     """Every kopf setting in one place, each with the reason for its value."""
     options = _state["options"]
-    # Handler progress and the last-handled spec go in annotations under our own prefix (status.kopf
-    # would be pruned by the structural schema); the spec is bounded by the CRD, so they stay small.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    settings.persistence.diffbase_storage = TrainingJobDiffBaseStorage(
-        prefix=constants.GROUP, key="last-handled-configuration"
-    )
     # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
     settings.posting.level = logging.getLevelName(options.posting_level.upper())
-    # Sync handlers block a thread each while they call the API: size the pool for many jobs.
-    settings.execution.executor = concurrent.futures.ThreadPoolExecutor(max_workers=options.workers)
     # Watch only our children server-side, never every pod in the cluster.
-    settings.watching.label_selectors["batch", "v1", "jobs"] = constants.LABEL_JOB_NAME
-    settings.watching.label_selectors["", "v1", "pods"] = constants.LABEL_JOB_NAME
+    for group, version, plural in handlers.CHILD_RESOURCES:
+        settings.watching.label_selectors[group, version, plural] = constants.LABEL_JOB_NAME
+    # List in pages at startup: unpaginated, the parsed list of every pod and Job we own was held at once
+    # and set the operator's peak memory.
+    settings.watching.chunk_size = LIST_CHUNK
     # Re-open watches regularly so a silently dead connection cannot stall the operator.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -126,14 +114,19 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         any(char in pattern for char in "*?[") for pattern in options.watched_namespaces()
     )
 
+    client = kube.Kube()
+    poster = events.EventPoster(client.create)
     controller = Controller(
-        kube.Kube(),
-        reconcile.Defaults(
+        client,
+        ClusterCache(),
+        defaults=reconcile.Defaults(
             image=options.default_image,
             service_account=options.worker_service_account,
             resync_seconds=options.resync_seconds,
         ),
-        Metrics.create(),
+        metrics=Metrics.create(),
+        workers=options.workers,
+        post_event=poster.post,
     )
     controller.start()
     if options.metrics_port:
@@ -142,6 +135,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         except OSError as exc:  # metrics are not worth refusing to reconcile over
             logger.warning("cannot serve metrics on port %s: %s", options.metrics_port, exc)
     memo["controller"] = controller
+    memo["cache"] = controller.cache
+    memo["events"] = poster
     logger.info(
         "kubetrain operator watching %s",
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
@@ -153,13 +148,14 @@ def shutdown(memo: Any, **_: Any) -> None:
     controller = memo.get("controller")
     if controller is not None:
         controller.stop()
+    poster = memo.get("events")
+    if poster is not None:
+        poster.stop()
 
 
 def run(options: Options) -> None:
     """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
     _state["options"] = options
-    from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
-
     kopf.configure(verbose=options.verbose)
     if not options.verbose:
         # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.

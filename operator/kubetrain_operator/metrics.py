@@ -20,6 +20,7 @@ class Metrics:
     reconcile_seconds: Histogram
     reconcile_errors: Counter
     active: Gauge
+    queue_depth: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -59,6 +60,11 @@ class Metrics:
             active=Gauge(
                 "kubetrain_trainingjobs_active",
                 "TrainingJobs neither finished nor suspended, as last seen by this operator.",
+                registry=registry,
+            ),
+            queue_depth=Gauge(
+                "kubetrain_workqueue_depth",
+                "TrainingJobs waiting for a reconcile thread.",
                 registry=registry,
             ),
         )

@@ -345,6 +345,13 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
         out.events.append(Event("Normal", "CreatedWorkers", message))
+    elif not st.is_true(status, "Created"):
+        # The creating pass died before recording it (the shell creates first, then writes status).
+        if status.get("startTime") is None:
+            status["startTime"] = st.timestamp(now)
+        message = f"the {spec.workers} worker Jobs of restart attempt {attempt} exist"
+        st.set_condition(status, "Created", True, "WorkersCreated", message, now)
+        out.transitions.append("created")
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)

@@ -19,16 +19,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
 
 OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
-    # The TrainingJob: kopf lists/watches it and patches its bookkeeping annotations; the controller gets
-    # it before each reconcile and deletes it after ttlSecondsAfterFinished. Status: merge patches only.
-    *(("kubetrain.io", "trainingjobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
+    # The TrainingJob: kopf lists and watches it into the operator's cache; the controller deletes it after
+    # ttlSecondsAfterFinished. Status: merge patches only. Nothing else is written on it.
+    *(("kubetrain.io", "trainingjobs", verb) for verb in ("list", "watch", "delete")),
     ("kubetrain.io", "trainingjobs/status", "patch"),
-    # One batch Job per worker: watched by kopf, listed, created and deleted by the controller.
-    *(("batch", "jobs", verb) for verb in ("get", "list", "watch", "create", "delete")),
-    # One headless Service per TrainingJob: fetched by name, created, deleted; never watched.
-    *(("", "services", verb) for verb in ("get", "create", "delete")),
-    # Pods are only read (exit codes, readiness, why Pending); they go away with their Jobs.
-    *(("", "pods", verb) for verb in ("get", "list", "watch")),
+    # One batch Job per worker and one headless Service per TrainingJob: watched into the cache, created
+    # and deleted by the controller; never read one by one.
+    *(("batch", "jobs", verb) for verb in ("list", "watch", "create", "delete")),
+    *(("", "services", verb) for verb in ("list", "watch", "create", "delete")),
+    # Pods are only watched (exit codes, readiness, why Pending); they go away with their Jobs.
+    *(("", "pods", verb) for verb in ("list", "watch")),
     # kopf and the controller post core v1 Events on every transition.
     ("", "events", "create"),
     # spec.gangScheduling: one PodGroup per TrainingJob for Volcano or scheduler-plugins (both by default).
@@ -51,6 +51,8 @@ LEADER_NEEDS_BY_NAME = tuple(("coordination.k8s.io", "leases", verb) for verb in
 """Leader election: the chart creates the Lease; the operator reads and renews that one object by name."""
 
 NOT_NEEDED: tuple[tuple[str, str, str], ...] = (
+    ("kubetrain.io", "trainingjobs", "patch"),
+    ("kubetrain.io", "trainingjobs", "update"),
     ("batch", "jobs", "patch"),
     ("", "pods", "delete"),
     ("", "pods", "patch"),

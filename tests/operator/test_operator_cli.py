@@ -85,19 +85,21 @@ def test_the_operator_never_imports_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
-def test_no_handler_puts_a_finalizer_on_trainingjobs() -> None:
-    """Deleting a TrainingJob must never hang while the operator is down: GC does the cleanup."""
+def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
+    """Deleting a TrainingJob must never hang while the operator is down (GC does the cleanup), and kopf
+    keeps no bookkeeping on it: no change-detecting handlers (which patch annotations), no timers or
+    daemons (which need finalizers); every watched kind only feeds the cache and the queue."""
     import kopf
-    from kubetrain_operator import handlers
+    from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
 
     registry = kopf.get_default_registry()
-    changing = registry._changing.get_all_handlers()
-    ids = {h.id for h in changing}
-    assert {"trainingjob_created", "trainingjob_resumed", "trainingjob_updated"} <= ids
-    assert not [h for h in changing if h.requires_finalizer]
-    assert not registry._spawning.get_all_handlers()  # no timers or daemons: they need finalizers
-    assert all(h.retries for h in changing)
-    assert handlers.HANDLER_RETRIES > 0
+    assert not registry._changing.get_all_handlers()
+    assert not registry._spawning.get_all_handlers()
+    watching = registry._watching.get_all_handlers()
+    indexing = registry._indexing.get_all_handlers()
+    plurals = {"trainingjobs", "services", "jobs", "pods"}
+    assert {h.selector.any_name for h in watching} == plurals
+    assert {h.selector.any_name for h in indexing} == plurals
 
 
 def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,16 +108,22 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     import kopf
     from kubetrain_operator import kube
 
-    monkeypatch.setattr(kube, "Kube", object)
+    class NoApi:
+        def create(self, manifest: dict[str, object]) -> None:
+            raise AssertionError("no request expected")
+
+    monkeypatch.setattr(kube, "Kube", NoApi)
     monkeypatch.setitem(main._state, "options", main.Options(metrics_port=0, workers=3))
     settings = kopf.OperatorSettings()
     memo = kopf.Memo()
     main.configure(settings=settings, memo=memo)
     try:
-        assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
-        assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
         assert settings.posting.level == logging.WARNING
-        assert settings.execution.executor._max_workers == 3
-        assert "kubetrain.io/job-name" in dict(settings.watching.label_selectors.items()).values()
+        assert memo["controller"].workers == 3
+        assert memo["cache"] is memo["controller"].cache
+        assert settings.watching.chunk_size == main.LIST_CHUNK
+        selectors = dict(settings.watching.label_selectors.items())
+        assert len(selectors) == 3 and set(selectors.values()) == {"kubetrain.io/job-name"}
     finally:
         memo["controller"].stop()
+        memo["events"].stop()

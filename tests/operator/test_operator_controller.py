@@ -1,4 +1,5 @@
-"""The controller against an in-memory API: plan execution order, idempotency, conflicts, coalescing."""
+"""The controller against an in-memory API whose watch feeds a real ClusterCache: plan execution order,
+idempotency, stale reads, conflicts, coalescing and the work queue."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, handlers, kube, reconcile
+from kubetrain_operator import constants, kube, reconcile
+from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
 from operator_fakes import NS, pod, service, trainingjob
@@ -19,9 +21,13 @@ NOW = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
 
 
 class FakeKube:
-    """Stores objects by (kind, namespace, name); counts creations; can inject errors."""
+    """Stores objects by (kind, namespace, name); counts creations; can inject errors. Its "watch" hands
+    every change to `cache` at once, unless `watch_paused` (then the cache only learns what the
+    controller's own writes return, as when watch events are late)."""
 
     def __init__(self) -> None:
+        self.cache = ClusterCache()
+        self.watch_paused = False
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.creations: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
@@ -33,6 +39,12 @@ class FakeKube:
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         self.objects[(obj["kind"], meta.get("namespace", NS), meta["name"])] = obj
+        self._watch(obj)
+
+    def _watch(self, obj: dict[str, Any], deleted: bool = False) -> None:
+        if not self.watch_paused:
+            snapshot = copy.deepcopy(obj)
+            self.cache.forget(snapshot) if deleted else self.cache.observe(snapshot)
 
     def get(
         self, kind: str, namespace: str, name: str, api_version: str | None = None
@@ -63,18 +75,22 @@ class FakeKube:
         obj["metadata"]["uid"] = f"uid-{name}"
         obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
         obj.setdefault("status", {})
-        self.objects[key] = obj
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.put(obj)
         self.creations.append((manifest["kind"], name))
-        return obj
+        return copy.deepcopy(obj)
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
         self.calls.append(f"delete {kind} {name} {propagation}")
-        self.objects.pop((kind, namespace, name), None)
+        gone = self.objects.pop((kind, namespace, name), None)
+        if gone is not None:
+            self._watch(gone, deleted=True)
         if kind == "Job":  # the garbage collector takes the pods along
             for key in [
                 k for k, o in self.objects.items() if k[0] == "Pod" and o["metadata"]["name"].startswith(name)
             ]:
-                del self.objects[key]
+                self._watch(self.objects.pop(key), deleted=True)
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], rv: str | None
@@ -83,6 +99,8 @@ class FakeKube:
         if self.fail_patch:
             raise self.fail_patch.pop(0)
         obj = self.objects[(constants.KIND, namespace, name)]
+        if rv is not None and rv != obj["metadata"]["resourceVersion"]:
+            raise kube.ApiError(409, "Conflict", "the object has been modified")
         merged = dict(obj.get("status") or {})
         for key, value in status.items():
             if value is None:
@@ -92,13 +110,14 @@ class FakeKube:
         obj["status"] = merged
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
-        return obj
+        self._watch(obj)
+        return copy.deepcopy(obj)
 
     # --- a tiny Job controller + kubelet
 
     def run_pods(self, phase: str = "Running", exit_codes: dict[int, int] | None = None) -> None:
         """Give every existing worker Job a pod in `phase` (Failed pods get exit_codes[index])."""
-        for (kind, ns, name), obj in list(self.objects.items()):
+        for (kind, _ns, name), obj in list(self.objects.items()):
             if kind != "Job":
                 continue
             labels = obj["metadata"]["labels"]
@@ -111,14 +130,24 @@ class FakeKube:
             p = pod(index, attempt, phase=this_phase, exit_code=code, ready=this_phase == "Running")
             p["metadata"]["name"] = f"{name}-abcde"
             p["metadata"]["ownerReferences"][0]["uid"] = obj["metadata"]["uid"]
-            self.objects[("Pod", ns, p["metadata"]["name"])] = p
+            p["metadata"]["uid"] = f"pod-{name}"
+            self.rv += 1
+            p["metadata"]["resourceVersion"] = str(self.rv)
+            self.put(p)
 
     def status(self, name: str = "demo") -> dict[str, Any]:
         return self.objects[(constants.KIND, NS, name)]["status"]
 
 
-def _controller(fake: FakeKube) -> Controller:
-    return Controller(fake, reconcile.Defaults(image="img:test"), Metrics.create(), clock=lambda: NOW)  # type: ignore[arg-type]
+def _controller(fake: FakeKube, workers: int = 2) -> Controller:
+    return Controller(
+        fake,  # type: ignore[arg-type]
+        fake.cache,
+        defaults=reconcile.Defaults(image="img:test"),
+        metrics=Metrics.create(),
+        clock=lambda: NOW,
+        workers=workers,
+    )
 
 
 def _fake_with_job(spec: dict[str, Any] | None = None) -> FakeKube:
@@ -127,15 +156,70 @@ def _fake_with_job(spec: dict[str, Any] | None = None) -> FakeKube:
     return fake
 
 
-def test_first_reconcile_patches_status_before_creating_children() -> None:
+def test_a_new_job_gets_its_children_first_then_its_status() -> None:
     fake = _fake_with_job()
     outcome = _controller(fake).reconcile(NS, "demo")
     assert outcome.plan is not None
-    assert fake.calls[0] == "patch status"
-    assert fake.creations == [("Service", "demo"), ("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")]
+    assert fake.calls[-1] == "patch status" and fake.calls.count("patch status") == 1
+    assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
     assert fake.status()["phase"] == "Pending"
     assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
     assert fake.events[0]["involvedObject"]["kind"] == "TrainingJob"
+
+
+def test_a_restart_decision_is_durable_before_the_old_workers_are_deleted() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running", exit_codes={1: 11})
+    fake.calls.clear()
+    ctl.reconcile(NS, "demo")
+    assert fake.calls[0] == "patch status"
+    assert fake.status()["restartAttempt"] == 1
+    assert [c for c in fake.calls[1:] if not c.startswith("delete Job demo-r0-")] == []
+
+
+def test_a_reconcile_on_a_late_cache_repeats_no_creation() -> None:
+    """The watch events of the children just created have not arrived yet: the controller's own
+    record of what it created keeps the next reconcile from asking again."""
+    fake = _fake_with_job()
+    fake.watch_paused = True
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    calls = len(fake.calls)
+    ctl.reconcile(NS, "demo")
+    assert [c for c in fake.calls[calls:] if c.startswith("create")] == []
+    assert len(fake.creations) == 3
+
+
+def test_a_decision_from_a_stale_trainingjob_is_refused_and_planned_again() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running", exit_codes={1: 11})
+    fake.watch_paused = True  # someone else wrote the TrainingJob; our cache has not seen it
+    fake.objects[(constants.KIND, NS, "demo")]["metadata"]["resourceVersion"] = "999"
+    fake.calls.clear()
+    outcome = ctl.reconcile(NS, "demo")
+    assert fake.calls == ["patch status"]  # refused (409): no deletion on a decision from an old read
+    assert outcome.plan is not None and outcome.plan.requeue_after == 0.2
+    fake.watch_paused = False
+    fake.put(fake.objects[(constants.KIND, NS, "demo")])  # the watch event arrives
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["restarts"] == 1
+
+
+def test_a_job_created_before_a_crash_still_gets_its_created_condition() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    fake.fail_patch.append(kube.ApiError(500, "InternalError", "the operator died here"))
+    with pytest.raises(kube.ApiError):
+        ctl.reconcile(NS, "demo")
+    assert len(fake.creations) == 3 and fake.status() == {}
+    ctl.reconcile(NS, "demo")  # the restarted operator
+    created = next(c for c in fake.status()["conditions"] if c["type"] == "Created")
+    assert created["status"] == "True" and fake.status()["startTime"]
+    assert len(fake.creations) == 3
 
 
 def test_a_whole_lifecycle_with_one_restart_never_duplicates_a_child() -> None:
@@ -177,14 +261,6 @@ def test_children_that_already_exist_are_fine() -> None:
     assert fake.status()["phase"] == "Pending"
 
 
-def test_a_stale_read_is_retried_instead_of_overwriting() -> None:
-    fake = _fake_with_job()
-    fake.fail_patch.append(kube.ApiError(409, "Conflict", "the object has been modified"))
-    outcome = _controller(fake).reconcile(NS, "demo")
-    assert fake.creations == []  # nothing done on a decision based on an old read
-    assert outcome.plan is not None and outcome.plan.requeue_after == 0.2
-
-
 def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None:
     fake = _fake_with_job()
     fake.fail_create["demo-r0-w0"] = kube.ApiError(
@@ -198,7 +274,7 @@ def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None
     assert next(c for c in fake.status()["conditions"] if c["type"] == "Failed")["reason"] == "InvalidSpec"
 
 
-def test_an_invalid_spec_is_reported_as_permanent_to_kopf() -> None:
+def test_an_invalid_spec_fails_without_creating_anything() -> None:
     fake = _fake_with_job(spec={"workers": 2})
     outcome = _controller(fake).reconcile(NS, "demo")
     assert outcome.invalid and "spec" in outcome.invalid
@@ -211,11 +287,9 @@ def test_a_deleted_trainingjob_is_forgotten() -> None:
 
 
 def test_ttl_deletes_the_trainingjob() -> None:
-    fake = _fake_with_job(spec={"trainer": {}, "runPolicy": {"ttlSecondsAfterFinished": 0}})
-    fake.objects[(constants.KIND, NS, "demo")]["status"] = {
-        "phase": "Succeeded",
-        "completionTime": "2026-01-01T00:00:00Z",
-    }
+    fake = FakeKube()
+    finished = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    fake.put(trainingjob(spec={"trainer": {}, "runPolicy": {"ttlSecondsAfterFinished": 0}}, status=finished))
     _controller(fake).reconcile(NS, "demo")
     assert (constants.KIND, NS, "demo") not in fake.objects
 
@@ -317,7 +391,7 @@ def test_the_scheduler_triggers_due_jobs() -> None:
     ],
 )
 def test_child_events_find_their_trainingjob(body: dict[str, Any], owner: str) -> None:
-    assert handlers.owner_name(body) == owner
+    assert owner_name(body) == owner
 
 
 def test_a_gang_scheduled_job_creates_its_pod_group_once() -> None:
@@ -339,3 +413,34 @@ def test_a_missing_pod_group_kind_is_explained() -> None:
     assert fake.status()["pendingReason"] == "FailedCreate"
     assert "install the gang scheduler's CRDs" in fake.status()["pendingMessage"]
     assert not [c for c in fake.creations if c[0] == "Job"]  # no half-scheduled group
+
+
+def test_urgent_keys_are_taken_before_routine_ones_and_each_key_once() -> None:
+    ctl = _controller(FakeKube())
+    for name in ("old-1", "old-2", "old-1"):
+        ctl.enqueue((NS, name))
+    ctl.enqueue((NS, "new"), urgent=True)
+    ctl.enqueue((NS, "old-2"), urgent=True)  # a routine key made urgent moves up, once
+    with ctl._lock:
+        order = [ctl._next_key() for _ in range(3)]
+    assert order == [(NS, "new"), (NS, "old-2"), (NS, "old-1")]
+    assert ctl._queued == {}
+
+
+def test_worker_threads_reconcile_what_is_enqueued() -> None:
+    fake = FakeKube()
+    for name in ("a", "b", "c"):
+        fake.put(trainingjob(name))
+    ctl = _controller(fake, workers=2)
+    ctl.start()
+    try:
+        for name in ("a", "b", "c"):
+            ctl.enqueue((NS, name), urgent=True)
+        for _ in range(100):
+            if len(fake.creations) == 9:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        ctl.stop()
+    assert sorted(name for kind, name in fake.creations if kind == "Service") == ["a", "b", "c"]
+    assert len(fake.creations) == len(set(fake.creations)) == 9

@@ -1,0 +1,98 @@
+"""Kubernetes Events about TrainingJobs, posted in the background.
+
+Why in the background: an Event is for people (`kubectl describe`), never an input to a decision, yet
+posting one inline made it one of the requests between a new TrainingJob and its workers. Like client-go's
+event broadcaster, the controller hands events to a queue and one thread posts them, so a burst of new
+jobs gets its Services and Jobs first and the API server sees at most one event request at a time from
+us. Best effort, as Events are: a full queue or a refused post is logged, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubetrain_operator import constants
+
+logger = logging.getLogger("kubetrain.operator")
+
+QUEUE_LIMIT = 10_000
+"""Events waiting to be posted before new ones are dropped (the API server is far behind by then)."""
+
+
+def build_event(
+    namespace: str, name: str, *, uid: str | None, type_: str, reason: str, message: str, timestamp: str
+) -> dict[str, Any]:
+    """A core v1 Event about the TrainingJob `name` (uid ties it to this incarnation of the name)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": constants.API_VERSION,
+            "kind": constants.KIND,
+            "name": name,
+            "namespace": namespace,
+            **({"uid": uid} if uid else {}),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": constants.FIELD_MANAGER},
+        "reportingComponent": f"{constants.GROUP}/operator",
+        "reportingInstance": constants.FIELD_MANAGER,
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+    }
+
+
+_STOP = object()
+
+
+class EventPoster:
+    """Posts events handed to `post` from one background thread, in order."""
+
+    def __init__(self, create: Callable[[dict[str, Any]], Any]) -> None:
+        self._create = create
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
+        self._thread = threading.Thread(target=self._run, name="kubetrain-events", daemon=True)
+        self._thread.start()
+
+    def post(self, event: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            logger.warning("event queue full: dropped %s on %s", event["reason"], _about(event))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event handed in so far has been posted (or refused); False on timeout."""
+        reached = threading.Event()
+        self._queue.put(reached)
+        return reached.wait(timeout)
+
+    def stop(self) -> None:
+        """Post what is queued (for up to 5 s), then end the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._create(item)
+            except Exception as exc:  # best effort: never let one event stop the others
+                logger.info("could not post event %s on %s: %s", item["reason"], _about(item), exc)
+
+
+def _about(event: dict[str, Any]) -> str:
+    involved = event["involvedObject"]
+    return f"{involved['namespace']}/{involved['name']}"

@@ -1,0 +1,155 @@
+"""The operator's cache: what it keeps of each object, which copy wins, where children are filed."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+import pytest
+from kubetrain_operator import constants, events
+from kubetrain_operator.cache import ClusterCache, slim
+from kubetrain_operator.handlers import needs_workers
+from operator_fakes import NS, job, pod, service, trainingjob
+
+pytestmark = pytest.mark.unit
+
+
+def _versioned(obj: dict[str, Any], version: int, uid: str | None = None) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = str(version)
+    if uid:
+        out["metadata"]["uid"] = uid
+    return out
+
+
+def test_a_pod_is_kept_without_managed_fields_or_its_spec_but_with_what_the_planner_reads() -> None:
+    full = pod(0, phase="Running", ready=True, progress={"epoch": 1})
+    full["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    full["spec"]["nodeName"] = "node-1"
+    kept = slim(full)
+    assert "managedFields" not in kept["metadata"]
+    assert kept["spec"] == {"nodeName": "node-1"}
+    assert kept["status"] == full["status"]
+    assert kept["metadata"]["annotations"]["kubetrain.io/progress"]
+    assert "managedFields" in full["metadata"]  # the original is untouched
+
+
+def test_a_trainingjob_is_kept_without_kubectls_copy_of_itself() -> None:
+    body = trainingjob()
+    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "a": "b"}
+    kept = slim(body)
+    assert kept["metadata"]["annotations"] == {"a": "b"}
+    assert kept["spec"] == body["spec"]
+
+
+def test_children_are_filed_under_their_trainingjob_by_owner() -> None:
+    cache = ClusterCache()
+    long_name = "x" * 100  # pods name their TrainingJob in an annotation: labels stop at 63 characters
+    worker = pod(0, name=long_name)
+    worker["metadata"]["uid"] = "pod-uid"
+    assert cache.observe(worker) == (NS, long_name)
+    assert cache.observe(_versioned(job(0), 1)) == (NS, "demo")
+    assert cache.observe(service()) == (NS, "demo")
+    assert [p["metadata"]["uid"] for p in cache.children(NS, long_name, "Pod")] == ["pod-uid"]
+    assert len(cache.children(NS, "demo", "Job")) == 1
+    assert len(cache.children(NS, "demo", "Service")) == 1
+    assert cache.children(NS, "other", "Job") == []
+
+
+def test_an_older_copy_never_replaces_a_newer_one() -> None:
+    """Our own write's answer may be newer than a watch event still on its way."""
+    cache = ClusterCache()
+    cache.observe(_versioned(trainingjob(status={"phase": "Running"}), 20))
+    cache.observe(_versioned(trainingjob(status={"phase": "Pending"}), 10))
+    assert cache.trainingjob(NS, "demo")["status"]["phase"] == "Running"
+    cache.observe(_versioned(job(0, condition="Complete"), 30))
+    cache.observe(_versioned(job(0), 25))
+    assert cache.children(NS, "demo", "Job")[0]["status"]["conditions"][0]["type"] == "Complete"
+
+
+def test_a_new_trainingjob_with_an_old_name_replaces_the_deleted_one() -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(trainingjob(), 50, uid="old"))
+    cache.observe(_versioned(trainingjob(), 40, uid="new"))  # versions of different objects: no contest
+    assert cache.trainingjob(NS, "demo")["metadata"]["uid"] == "new"
+    cache.forget(_versioned(trainingjob(), 51, uid="old"))  # a late deletion of the old one
+    assert cache.trainingjob(NS, "demo")["metadata"]["uid"] == "new"
+    cache.forget(_versioned(trainingjob(), 60, uid="new"))
+    assert cache.trainingjob(NS, "demo") is None
+
+
+def test_deleted_children_are_dropped() -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(job(0), 1))
+    cache.observe(_versioned(job(1), 2))
+    assert cache.forget(_versioned(job(0), 3)) == (NS, "demo")
+    assert [j["metadata"]["name"] for j in cache.children(NS, "demo", "Job")] == ["demo-r0-w1"]
+    assert cache.forget(_versioned(job(0), 3)) is None  # already gone
+
+
+def test_objects_of_no_trainingjob_are_ignored() -> None:
+    cache = ClusterCache()
+    stray = {"kind": "Pod", "metadata": {"name": "p", "namespace": NS, "uid": "u"}}
+    assert cache.observe(stray) is None
+    assert cache.children(NS, "p", "Pod") == []
+
+
+@pytest.mark.parametrize(
+    ("status", "generation", "urgent"),
+    [
+        ({}, 1, True),
+        ({"phase": "Running", "observedGeneration": 1}, 1, False),
+        ({"phase": "Running", "observedGeneration": 1}, 2, True),
+    ],
+)
+def test_new_and_changed_trainingjobs_are_urgent(
+    status: dict[str, Any], generation: int, urgent: bool
+) -> None:
+    body = trainingjob(status=status)
+    body["metadata"]["generation"] = generation
+    assert needs_workers(body) is urgent
+
+
+def test_events_are_posted_in_order_in_the_background_and_a_refused_one_does_not_stop_the_rest() -> None:
+    posted: list[str] = []
+    slow = threading.Event()
+
+    def create(event: dict[str, Any]) -> None:
+        slow.wait(5)
+        if event["reason"] == "Refused":
+            raise RuntimeError("403")
+        posted.append(event["reason"])
+
+    poster = events.EventPoster(create)
+    for reason in ("CreatedWorkers", "Refused", "Running"):
+        poster.post(
+            events.build_event(
+                NS,
+                "demo",
+                uid="u",
+                type_="Normal",
+                reason=reason,
+                message="m",
+                timestamp="2026-01-01T00:00:00Z",
+            )
+        )
+    assert posted == []  # post() returned before any request
+    slow.set()
+    assert poster.flush()
+    assert posted == ["CreatedWorkers", "Running"]
+    poster.stop()
+
+
+def test_an_event_names_its_trainingjob() -> None:
+    event = events.build_event(
+        NS, "demo", uid="u-1", type_="Warning", reason="R", message="x" * 2000, timestamp="t"
+    )
+    assert event["involvedObject"] == {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "name": "demo",
+        "namespace": NS,
+        "uid": "u-1",
+    }
+    assert len(event["message"]) == 1024
