@@ -13,10 +13,12 @@ with capped exponential backoff.
 Executing a plan. A plan that only creates the current attempt's children (a new job, or a missing
 worker) creates them first, concurrently, then records status: nothing in that status is a decision the
 creations depend on, and a kill in between leaves children a later reconcile recognises (names are
-deterministic). Any other plan writes status first, guarded by the resourceVersion it was planned from (a
-stale read fails with 409 and is planned again instead of overwriting), because its status records a
-decision (a new restart attempt, a terminal phase) that must be durable before its effects: deletions,
-then creations. 409 AlreadyExists on a creation is success, so a retry or a restarted operator never
+deterministic). While other new jobs wait in the queue, that status write is left to a routine pass half
+a second later, so a burst of submissions gets all its workers before any of its status writes.
+Any other plan writes status first, guarded by the resourceVersion it was planned from (a stale read
+fails with 409 and is planned again instead of overwriting), because its status records a decision (a
+new restart attempt, a terminal phase) that must be durable before its effects: deletions, then
+creations. 409 AlreadyExists on a creation is success, so a retry or a restarted operator never
 creates a duplicate. Events go to a background poster (`events`).
 """
 
@@ -51,6 +53,8 @@ ERROR_EVENT_AFTER = 5
 """Consecutive failed reconciles after which a Warning event tells the user the operator is stuck."""
 CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
+DEFERRED_STATUS_DELAY = 0.5
+"""Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 
@@ -287,8 +291,15 @@ class Controller:
             and not plan.delete_self
             and plan.status.get("restartAttempt") == stored.get("restartAttempt", 0)
         )
-        if creations_only and not self._create_all(body, plan, outcome):
-            return outcome
+        if creations_only:
+            if not self._create_all(body, plan, outcome):
+                return outcome
+            if self._urgent_waiting():
+                # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
+                # is written by a routine pass after them, and its transitions are counted there.
+                self._post_plan_events(body, plan)
+                self.schedule((namespace, name), DEFERRED_STATUS_DELAY)
+                return outcome
         if plan.status_changed(stored) and not self._write_status(body, plan, outcome):
             return outcome
         if not creations_only:
@@ -296,9 +307,7 @@ class Controller:
                 self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
             if not self._create_all(body, plan, outcome):
                 return outcome
-        for event in plan.events:
-            logger.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
-            self._event((namespace, name), body, event.type, event.reason, event.message)
+        self._post_plan_events(body, plan)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background")
         if outcome.invalid is None and plan.status.get("phase") == "Failed":
@@ -311,6 +320,16 @@ class Controller:
             self._active[(namespace, name)] = phase not in ("Succeeded", "Failed", "Suspended")
             self.metrics.active.set(sum(self._active.values()))
         return outcome
+
+    def _urgent_waiting(self) -> bool:
+        with self._lock:
+            return any(self._queued.values())
+
+    def _post_plan_events(self, body: dict[str, Any], plan: reconcile.Plan) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        for event in plan.events:
+            logger.info("%s/%s: %s: %s", *key, event.reason, event.message)
+            self._event(key, body, event.type, event.reason, event.message)
 
     def _write_status(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
         """Patch the planned status, guarded by the resourceVersion it was planned from. False when the

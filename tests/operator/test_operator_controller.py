@@ -444,3 +444,23 @@ def test_worker_threads_reconcile_what_is_enqueued() -> None:
         ctl.stop()
     assert sorted(name for kind, name in fake.creations if kind == "Service") == ["a", "b", "c"]
     assert len(fake.creations) == len(set(fake.creations)) == 9
+
+
+def test_while_new_jobs_wait_a_creation_pass_leaves_its_status_to_a_later_pass() -> None:
+    fake = FakeKube()
+    for name in ("first", "second"):
+        fake.put(trainingjob(name))
+    ctl = _controller(fake)
+    ctl.enqueue((NS, "second"), urgent=True)
+    ctl.reconcile(NS, "first")
+    assert len(fake.creations) == 3 and "patch status" not in fake.calls
+    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
+    assert (NS, "first") in ctl._due  # the status pass is scheduled
+    with ctl._lock:
+        ctl._next_key()  # "second" is taken
+    ctl.reconcile(NS, "first")
+    status = fake.status("first")
+    assert status["phase"] == "Pending" and status["startTime"]
+    assert next(c for c in status["conditions"] if c["type"] == "Created")["status"] == "True"
+    assert len(fake.creations) == 3
+    assert ctl.metrics.created.labels(namespace=NS)._value.get() == 1
