@@ -28,7 +28,7 @@ only for dict operations.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubetrain_operator import constants
@@ -72,11 +72,15 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resource_version(body: Mapping[str, Any]) -> int | None:
+def _as_int(version: Any) -> int | None:
     try:
-        return int((body.get("metadata") or {}).get("resourceVersion"))
+        return int(version)
     except (TypeError, ValueError):
         return None
+
+
+def _resource_version(body: Mapping[str, Any]) -> int | None:
+    return _as_int((body.get("metadata") or {}).get("resourceVersion"))
 
 
 def _supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
@@ -163,6 +167,53 @@ class ClusterCache:
                 del self._children[kind][key]
         self._placed.pop((kind, uid), None)
 
+    def sweep(
+        self, kind: str, pages: Iterable[tuple[list[dict[str, Any]], str]], in_scope: Callable[[str], bool]
+    ) -> set[Key]:
+        """Make the cache agree with a complete, fresh listing of `kind` (pages of one snapshot).
+
+        Why: kopf lists again after a broken watch (410 Gone, a lost connection) but never reports what
+        disappeared in between, so a deletion missed then would leave a ghost here forever (a deleted
+        worker Job counted as running). A cached object in scope that the snapshot lacks is dropped if it
+        is not newer than the snapshot (newer ones were created after it); listed objects the cache
+        missed are added. Returns the TrainingJobs concerned, to reconcile.
+        """
+        listed: set[str] = set()
+        snapshot: int | None = None
+        touched: set[Key] = set()
+        for items, version in pages:
+            snapshot = _as_int(version)
+            for item in items:
+                meta = item.get("metadata") or {}
+                listed.add(meta.get("uid", ""))
+                if not self._holds(kind, item):
+                    key = self.observe(item)
+                    if key is not None:
+                        touched.add(key)
+        if snapshot is None:
+            return touched
+        with self._lock:
+            if kind == constants.KIND:
+                cached = list(self._trainingjobs.items())
+            else:
+                groups = self._children[kind].items()
+                cached = [(key, body) for key, group in groups for body in group.values()]
+        for key, body in cached:
+            version = _resource_version(body)
+            uid = body["metadata"].get("uid", "")
+            if in_scope(key[0]) and uid not in listed and version is not None and version <= snapshot:
+                self.forget(body)
+                touched.add(key)
+        return touched
+
+    def _holds(self, kind: str, body: Mapping[str, Any]) -> bool:
+        meta = body.get("metadata") or {}
+        with self._lock:
+            if kind == constants.KIND:
+                current = self._trainingjobs.get((meta.get("namespace"), meta.get("name")))
+                return current is not None and current["metadata"].get("uid") == meta.get("uid")
+            return (kind, meta.get("uid")) in self._placed
+
     # ------------------------------------------------------------ reading
 
     def trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -174,15 +225,3 @@ class ClusterCache:
         keeps those of the current TrainingJob)."""
         with self._lock:
             return list((self._children[kind].get((namespace, name)) or {}).values())
-
-    def keys(self) -> list[Key]:
-        with self._lock:
-            return list(self._trainingjobs)
-
-    def sizes(self) -> dict[str, int]:
-        """Objects held per kind (for metrics and the scale benchmark)."""
-        with self._lock:
-            out = {constants.KIND: len(self._trainingjobs)}
-            for kind, groups in self._children.items():
-                out[kind] = sum(len(group) for group in groups.values())
-            return out

@@ -33,11 +33,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from fnmatch import fnmatch
 from typing import Any
 
 from kubetrain_operator import constants, events, kube, names, observe, reconcile
 from kubetrain_operator import status as st
-from kubetrain_operator.cache import ClusterCache, Key
+from kubetrain_operator.cache import CHILD_KINDS, ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
 
 logger = logging.getLogger("kubetrain.operator")
@@ -53,6 +54,8 @@ ERROR_EVENT_AFTER = 5
 """Consecutive failed reconciles after which a Warning event tells the user the operator is stuck."""
 CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
+AUDIT_SECONDS = 300.0
+"""How often the cache is checked against fresh listings (4 paginated LISTs per watched namespace)."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
 CREATE_CONCURRENCY = 16
@@ -95,6 +98,8 @@ class Controller:
         clock: Callable[[], datetime] = utcnow,
         workers: int = 8,
         post_event: Callable[[dict[str, Any]], None] | None = None,
+        namespaces: list[str] | None = None,
+        audit_seconds: float = AUDIT_SECONDS,
     ) -> None:
         self.kube = client
         self.cache = cache
@@ -102,6 +107,10 @@ class Controller:
         self.metrics = metrics or Metrics.create()
         self.clock = clock
         self.workers = workers
+        self.namespaces = namespaces
+        """The watched namespaces (kopf patterns allowed); None for all."""
+        self.audit_seconds = audit_seconds
+        self._stopped = threading.Event()
         self._post_event = post_event or self._post_event_now
         self._lock = threading.Lock()
         self._keys: dict[Key, _KeyState] = {}
@@ -229,10 +238,14 @@ class Controller:
             threading.Thread(target=self._run_worker, name=f"kubetrain-worker-{i}", daemon=True)
             for i in range(self.workers)
         ]
+        if self.audit_seconds > 0:
+            auditor = threading.Thread(target=self._run_audits, name="kubetrain-audit", daemon=True)
+            self._threads.append(auditor)
         for thread in self._threads:
             thread.start()
 
     def stop(self) -> None:
+        self._stopped.set()
         with self._lock:
             self._stopping = True
             self._wake.notify_all()
@@ -258,6 +271,33 @@ class Controller:
                         due.add(key)
             for key in due:
                 self.enqueue(key)
+
+    def audit(self) -> None:
+        """Check the cache against fresh listings of every watched kind (see `ClusterCache.sweep`: a
+        deletion missed while a watch was broken) and reconcile the TrainingJobs whose view changed."""
+        patterns = self.namespaces
+        if patterns and not any(char in p for p in patterns for char in "*?["):
+            scopes: list[tuple[str | None, Callable[[str], bool]]] = [
+                (ns, lambda candidate, ns=ns: candidate == ns) for ns in patterns
+            ]
+        else:  # everything, or kopf patterns: one cluster-wide listing, filtered like kopf filters
+            scopes = [(None, lambda candidate: not patterns or any(fnmatch(candidate, p) for p in patterns))]
+        touched: set[Key] = set()
+        for kind in (constants.KIND, *CHILD_KINDS):
+            selector = None if kind == constants.KIND else constants.LABEL_JOB_NAME
+            for namespace, in_scope in scopes:
+                touched |= self.cache.sweep(kind, self.kube.list_pages(kind, namespace, selector), in_scope)
+        if touched:
+            logger.info("cache audit: %d TrainingJobs had missed changes; reconciling them", len(touched))
+        for key in touched:
+            self.enqueue(key)
+
+    def _run_audits(self) -> None:
+        while not self._stopped.wait(self.audit_seconds):
+            try:
+                self.audit()
+            except Exception as exc:  # the next audit tries again; watches keep the cache meanwhile
+                logger.warning("cache audit failed: %s", exc)
 
     # ------------------------------------------------------------ one reconcile
 
@@ -343,7 +383,8 @@ class Controller:
             if exc.conflict:  # changed since we read it: the watch brings the news, decide again then
                 plan.requeue_after = CONFLICT_RETRY
                 return False
-            if exc.not_found:
+            if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
+                self.cache.forget(body)
                 outcome.gone = True
                 return False
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help

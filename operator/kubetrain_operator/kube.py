@@ -9,6 +9,7 @@ from kopf's thread pool and its own scheduler threads, never from the event loop
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -140,6 +141,24 @@ class Kube:
     def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         answer = self.request("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
         return answer.get("items") or []
+
+    def list_pages(
+        self, kind: str, namespace: str | None, label_selector: str | None = None, limit: int = 500
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """Every object of `kind` (in `namespace`, or everywhere for None), one page of at most `limit` at
+        a time, each with the listing's resourceVersion (one consistent snapshot across pages)."""
+        prefix, plural = JOB_PATHS[kind]
+        url = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
+        query = [("limit", str(limit))] + ([("labelSelector", label_selector)] if label_selector else [])
+        token = ""
+        while True:
+            answer = self.request("GET", url, query=query + ([("continue", token)] if token else []))
+            for item in answer.get("items") or []:  # a list's items carry no kind of their own
+                item.setdefault("kind", kind)
+            yield answer.get("items") or [], answer.get("metadata", {}).get("resourceVersion", "")
+            token = answer.get("metadata", {}).get("continue") or ""
+            if not token:
+                return
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         namespace = manifest["metadata"]["namespace"]

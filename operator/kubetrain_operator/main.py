@@ -127,6 +127,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         metrics=Metrics.create(),
         workers=options.workers,
         post_event=poster.post,
+        namespaces=None if options.all_namespaces else options.watched_namespaces(),
     )
     controller.start()
     if options.metrics_port:

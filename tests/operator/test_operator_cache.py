@@ -153,3 +153,48 @@ def test_an_event_names_its_trainingjob() -> None:
         "uid": "u-1",
     }
     assert len(event["message"]) == 1024
+
+
+def _pages(*objects: dict[str, Any], snapshot: int) -> list[tuple[list[dict[str, Any]], str]]:
+    """A listing in pages of two, as the API server would send it."""
+    items = [copy.deepcopy(o) for o in objects]
+    return [(items[i : i + 2], str(snapshot)) for i in range(0, max(len(items), 1), 2)]
+
+
+def test_a_sweep_drops_what_was_deleted_while_the_watch_was_broken() -> None:
+    cache = ClusterCache()
+    for index, version in ((0, 10), (1, 11), (2, 12)):
+        cache.observe(_versioned(job(index), version))
+    touched = cache.sweep(
+        "Job", _pages(_versioned(job(0), 10), _versioned(job(2), 12), snapshot=20), lambda ns: True
+    )
+    assert touched == {(NS, "demo")}
+    assert sorted(j["metadata"]["name"] for j in cache.children(NS, "demo", "Job")) == [
+        "demo-r0-w0",
+        "demo-r0-w2",
+    ]
+
+
+def test_a_sweep_keeps_what_is_newer_than_its_listing_and_adds_what_the_watch_missed() -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(job(0), 30))  # created after the snapshot was taken
+    missed = _versioned(job(1), 15)
+    touched = cache.sweep("Job", _pages(missed, snapshot=20), lambda ns: True)
+    assert touched == {(NS, "demo")}
+    assert len(cache.children(NS, "demo", "Job")) == 2
+
+
+def test_a_sweep_of_one_namespace_leaves_the_others_alone() -> None:
+    cache = ClusterCache()
+    elsewhere = _versioned(job(0), 5)
+    elsewhere["metadata"]["namespace"] = "team-b"
+    cache.observe(elsewhere)
+    assert cache.sweep("Job", _pages(snapshot=20), lambda ns: ns == NS) == set()
+    assert len(cache.children("team-b", "demo", "Job")) == 1
+
+
+def test_a_sweep_forgets_a_deleted_trainingjob() -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(trainingjob(), 5))
+    assert cache.sweep(constants.KIND, _pages(snapshot=20), lambda ns: True) == {(NS, "demo")}
+    assert cache.trainingjob(NS, "demo") is None

@@ -81,6 +81,18 @@ class FakeKube:
         self.creations.append((manifest["kind"], name))
         return copy.deepcopy(obj)
 
+    def list_pages(
+        self, kind: str, namespace: str | None, label_selector: str | None = None, limit: int = 500
+    ) -> list[tuple[list[dict[str, Any]], str]]:
+        items = [
+            copy.deepcopy(o)
+            for (k, ns, _), o in self.objects.items()
+            if k == kind
+            and namespace in (None, ns)
+            and (label_selector is None or label_selector in o["metadata"].get("labels", {}))
+        ]
+        return [(items, str(self.rv))]
+
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
         self.calls.append(f"delete {kind} {name} {propagation}")
         gone = self.objects.pop((kind, namespace, name), None)
@@ -464,3 +476,17 @@ def test_while_new_jobs_wait_a_creation_pass_leaves_its_status_to_a_later_pass()
     assert next(c for c in status["conditions"] if c["type"] == "Created")["status"] == "True"
     assert len(fake.creations) == 3
     assert ctl.metrics.created.labels(namespace=NS)._value.get() == 1
+
+
+def test_an_audit_finds_a_worker_job_deleted_while_the_watch_was_broken_and_it_is_recreated() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.watch_paused = True
+    fake.delete("Job", NS, "demo-r0-w1")  # the DELETED event is lost
+    ctl.reconcile(NS, "demo")
+    assert fake.creations.count(("Job", "demo-r0-w1")) == 1  # the ghost still counts as a worker
+    ctl.audit()
+    assert ctl._queued == {(NS, "demo"): False}
+    ctl.reconcile(NS, "demo")
+    assert fake.creations.count(("Job", "demo-r0-w1")) == 2

@@ -114,3 +114,19 @@ def test_list_uses_a_label_selector() -> None:
     items = kube.Kube(client).list("Pod", "ns", "kubetrain.io/job-name=demo")
     assert items == [{"metadata": {"name": "a"}}]
     assert client.requests[0]["query"] == [("labelSelector", "kubetrain.io/job-name=demo")]
+
+
+def test_list_pages_follows_continue_tokens_across_all_namespaces() -> None:
+    pod = {"metadata": {"name": "p"}}
+    api = FakeApiClient(
+        [
+            (200, {"metadata": {"resourceVersion": "7", "continue": "next"}, "items": [pod, pod]}),
+            (200, {"metadata": {"resourceVersion": "7"}, "items": [pod]}),
+        ]
+    )
+    pages = list(kube.Kube(api).list_pages("Pod", None, "kubetrain.io/job-name", limit=2))
+    assert [(len(items), version) for items, version in pages] == [(2, "7"), (1, "7")]
+    assert pages[0][0][0]["kind"] == "Pod"  # list items carry no kind of their own
+    assert [r["path"] for r in api.requests] == ["/api/v1/pods", "/api/v1/pods"]
+    assert ("continue", "next") in api.requests[1]["query"]
+    assert ("labelSelector", "kubetrain.io/job-name") in api.requests[0]["query"]
