@@ -2,7 +2,7 @@
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
                        [--liveness URL] [--peering NAME --priority N | --leader-elect]
-                       [--posting-level LEVEL] [--verbose]
+                       [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
     kubetrain crds [--check] [--root DIR]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
@@ -21,7 +21,7 @@ TRAINER_COMMANDS = ("train", "evaluate", "predict")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from kubetrain_operator.main import Options
+    from kubetrain_operator.main import LOG_FORMATS, Options
 
     env = Options.from_env()
     parser = argparse.ArgumentParser(prog="kubetrain", description=__doc__.split("\n\n")[0])
@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--workers", type=int, default=env.workers, help="reconcile threads (default 16)")
     op.add_argument("--verbose", "-v", action="store_true", help="kopf debug logging, a line per event")
+    op.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=env.log_format,
+        help="plain (default), full (with timestamps and logger names, kopf's default) or json (one "
+        "object per line, for log pipelines)",
+    )
     op.add_argument(
         "--leader-elect",
         action="store_true",
@@ -152,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             resync_seconds=args.resync_seconds,
             verbose=args.verbose,
+            log_format=args.log_format,
             leader_elect=args.leader_elect,
             leader_election_namespace=args.leader_election_namespace,
             leader_election_id=args.leader_election_id,

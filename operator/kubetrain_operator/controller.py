@@ -33,12 +33,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from fnmatch import fnmatch
 from typing import Any
 
-from kubetrain_operator import constants, events, kube, names, observe, reconcile
+from kubetrain_operator import constants, events, informer, kube, names, observe, reconcile
 from kubetrain_operator import status as st
-from kubetrain_operator.cache import CHILD_KINDS, ClusterCache, Key
+from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
 
 logger = logging.getLogger("kubetrain.operator")
@@ -55,7 +54,7 @@ ERROR_EVENT_AFTER = 5
 CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
 AUDIT_SECONDS = 300.0
-"""How often the cache is checked against fresh listings (4 paginated LISTs per watched namespace)."""
+"""How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
 CREATE_CONCURRENCY = 16
@@ -74,6 +73,14 @@ class Outcome:
 
 class InvalidChildError(Exception):
     """The API server refused a child built from the spec (422): the spec cannot work."""
+
+
+def about(key: Key, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Logging `extra` naming the TrainingJob a line is about: kopf's JSON log format (`--log-format json`)
+    puts it in the line's `object` field, as for kopf's own per-object lines."""
+    ref = {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "namespace": key[0], "name": key[1]}
+    uid = (body or {}).get("metadata", {}).get("uid")
+    return {"k8s_ref": {**ref, "uid": uid} if uid else ref}
 
 
 def utcnow() -> datetime:
@@ -111,6 +118,9 @@ class Controller:
         """The watched namespaces (kopf patterns allowed); None for all."""
         self.audit_seconds = audit_seconds
         self._stopped = threading.Event()
+        self.ready = threading.Event()
+        """Set when the cache is complete (every informer listed once): workers plan nothing before."""
+        self.ready.set()
         self._post_event = post_event or self._post_event_now
         self._lock = threading.Lock()
         self._keys: dict[Key, _KeyState] = {}
@@ -157,6 +167,9 @@ class Controller:
         return None
 
     def _run_worker(self) -> None:
+        while not self.ready.wait(1.0):
+            if self._stopped.is_set():
+                return
         while True:
             with self._lock:
                 key = self._next_key()
@@ -199,7 +212,9 @@ class Controller:
             self.metrics.reconcile_errors.inc()
             delay = ERROR_BACKOFF[min(state.errors, len(ERROR_BACKOFF) - 1)]
             state.errors += 1
-            logger.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, exc, delay)
+            logger.warning(
+                "reconcile of %s/%s failed (%s); retrying in %.0fs", *key, exc, delay, extra=about(key)
+            )
             if state.errors == ERROR_EVENT_AFTER:
                 self._event(key, None, "Warning", "ReconcileError", f"the operator keeps failing: {exc}")
             self.schedule(key, delay)
@@ -273,20 +288,13 @@ class Controller:
                 self.enqueue(key)
 
     def audit(self) -> None:
-        """Check the cache against fresh listings of every watched kind (see `ClusterCache.sweep`: a
-        deletion missed while a watch was broken) and reconcile the TrainingJobs whose view changed."""
-        patterns = self.namespaces
-        if patterns and not any(char in p for p in patterns for char in "*?["):
-            scopes: list[tuple[str | None, Callable[[str], bool]]] = [
-                (ns, lambda candidate, ns=ns: candidate == ns) for ns in patterns
-            ]
-        else:  # everything, or kopf patterns: one cluster-wide listing, filtered like kopf filters
-            scopes = [(None, lambda candidate: not patterns or any(fnmatch(candidate, p) for p in patterns))]
+        """Check the cached TrainingJobs against a fresh listing (`ClusterCache.sweep`): kopf lists them
+        again after a broken watch but never reports what was deleted in between. (The children's
+        informers sweep on every listing of their own.) Reconcile the jobs whose view changed."""
         touched: set[Key] = set()
-        for kind in (constants.KIND, *CHILD_KINDS):
-            selector = None if kind == constants.KIND else constants.LABEL_JOB_NAME
-            for namespace, in_scope in scopes:
-                touched |= self.cache.sweep(kind, self.kube.list_pages(kind, namespace, selector), in_scope)
+        for namespace, in_scope in informer.scopes(self.namespaces):
+            pages = self.kube.list_pages(constants.KIND, namespace)
+            touched |= self.cache.sweep(constants.KIND, pages, in_scope)
         if touched:
             logger.info("cache audit: %d TrainingJobs had missed changes; reconciling them", len(touched))
         for key in touched:
@@ -368,7 +376,7 @@ class Controller:
     def _post_plan_events(self, body: dict[str, Any], plan: reconcile.Plan) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         for event in plan.events:
-            logger.info("%s/%s: %s: %s", *key, event.reason, event.message)
+            logger.info("%s/%s: %s: %s", *key, event.reason, event.message, extra=about(key, body))
             self._event(key, body, event.type, event.reason, event.message)
 
     def _write_status(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
@@ -463,7 +471,8 @@ class Controller:
         else:
             reason = "StatusRefused"
             message = f"the API server refuses to store this TrainingJob's status: {exc.message}"
-        logger.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
+        key = (meta["namespace"], meta["name"])
+        logger.warning("%s/%s: %s: %s", *key, reason, message, extra=about(key, body))
         self._event((meta["namespace"], meta["name"]), body, "Warning", reason, message)
         return message
 

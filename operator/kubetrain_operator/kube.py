@@ -3,7 +3,7 @@
 It borrows authentication and TLS from the official `kubernetes` client (kubeconfig or in-cluster
 service account, with token refresh) but speaks raw JSON, so manifests built by `builders` go out as they
 are and objects come back exactly as the API server wrote them. Sync on purpose: the operator calls it
-from kopf's thread pool and its own scheduler threads, never from the event loop.
+from the controller's reconcile, audit and event threads, never from kopf's event loop.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
+
+import urllib3
 
 from kubetrain_operator import constants
 
@@ -24,6 +26,9 @@ JOB_PATHS = {
     constants.KIND: (f"/apis/{constants.GROUP}/{constants.VERSION}", constants.PLURAL),
 }
 
+
+WATCH_SECONDS = 300
+"""How long the API server keeps one watch open before the watcher opens the next (from where it was)."""
 
 POOL_SIZE = 64
 """Keep-alive connections to the API server: at least every thread that may call it at once."""
@@ -72,6 +77,12 @@ def path(
     if subresource:
         out += f"/{subresource}"
     return out
+
+
+def collection_path(kind: str, namespace: str | None) -> str:
+    """REST path of every `kind` in `namespace`, or in all namespaces for None."""
+    prefix, plural = JOB_PATHS[kind]
+    return f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
 
 
 class Kube:
@@ -142,13 +153,58 @@ class Kube:
         answer = self.request("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
         return answer.get("items") or []
 
+    def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None,
+        resource_version: str,
+        timeout_seconds: int = WATCH_SECONDS,
+    ) -> Iterator[dict[str, Any]]:
+        """The watch events of `kind` after `resource_version`, as parsed dicts, as they arrive; ends when
+        the server closes the stream (after about `timeout_seconds`). Raises ApiError when refused and on
+        transport errors (status 0), like `request`."""
+        from kubernetes.client.exceptions import ApiException
+
+        query = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ] + ([("labelSelector", label_selector)] if label_selector else [])
+        _, url, headers, _, _ = self._client.param_serialize(
+            method="GET",
+            resource_path=collection_path(kind, namespace),
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            body=None,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._client.call_api(
+                "GET", url, header_params=headers, _request_timeout=(10.0, timeout_seconds + 30.0)
+            )
+        except ApiException as exc:
+            raise ApiError(exc.status or 0, exc.reason or "Error", str(exc)) from exc
+        stream = response.response
+        try:
+            if not 200 <= stream.status < 300:
+                payload = json.loads(stream.read() or b"{}")
+                raise ApiError(stream.status, payload.get("reason", ""), payload.get("message", ""), payload)
+            for line in stream:
+                if line.strip():
+                    yield json.loads(line)
+        except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
+            raise ApiError(0, "WatchBroken", f"{kind} watch stream broke: {exc}") from exc
+        finally:
+            stream.release_conn()
+
     def list_pages(
         self, kind: str, namespace: str | None, label_selector: str | None = None, limit: int = 500
     ) -> Iterator[tuple[list[dict[str, Any]], str]]:
         """Every object of `kind` (in `namespace`, or everywhere for None), one page of at most `limit` at
         a time, each with the listing's resourceVersion (one consistent snapshot across pages)."""
-        prefix, plural = JOB_PATHS[kind]
-        url = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
+        url = collection_path(kind, namespace)
         query = [("limit", str(limit))] + ([("labelSelector", label_selector)] if label_selector else [])
         token = ""
         while True:

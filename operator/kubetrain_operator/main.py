@@ -17,6 +17,9 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - `--workers` (env KUBETRAIN_WORKERS, default 16): the controller's reconcile threads (kopf's own
   handlers are async and only feed the cache and the queue);
 - `--verbose`: kopf's debug logging, including a line per handled child event;
+- `--log-format` (env KUBETRAIN_LOG_FORMAT, default full): plain, full (timestamp, level, logger) or json
+  (one object per line with the TrainingJob's namespace and name where a line is about one), for every
+  line of kopf's and the operator's;
 - `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
   `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
   $POD_NAMESPACE): standbys run nothing until they hold it (see `leader`); the alternative to peering.
@@ -32,7 +35,7 @@ from typing import Any
 
 import kopf
 
-from kubetrain_operator import constants, events, handlers, kube, leader, reconcile
+from kubetrain_operator import events, informer, kube, leader, reconcile
 from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -54,6 +57,7 @@ class Options:
     workers: int = 16
     resync_seconds: float = reconcile.RESYNC_SECONDS
     verbose: bool = False
+    log_format: str = "full"
     leader_elect: bool = False
     leader_election_namespace: str | None = None
     leader_election_id: str = leader.DEFAULT_LEASE_NAME
@@ -74,6 +78,7 @@ class Options:
             posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
             workers=int(env.get("KUBETRAIN_WORKERS", cls.workers)),
             leader_elect=env.get("KUBETRAIN_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+            log_format=env.get("KUBETRAIN_LOG_FORMAT", cls.log_format),
             leader_election_namespace=env.get("KUBETRAIN_LEADER_ELECTION_NAMESPACE") or None,
             leader_election_id=env.get("KUBETRAIN_LEADER_ELECTION_ID", cls.leader_election_id),
         )
@@ -86,6 +91,8 @@ class Options:
 
 _state: dict[str, Options] = {"options": Options()}
 
+LOG_FORMATS = ("plain", "full", "json")
+
 LIST_CHUNK = 500
 """Objects per page of kopf's initial listings."""
 
@@ -96,11 +103,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     options = _state["options"]
     # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
     settings.posting.level = logging.getLevelName(options.posting_level.upper())
-    # Watch only our children server-side, never every pod in the cluster.
-    for group, version, plural in handlers.CHILD_RESOURCES:
-        settings.watching.label_selectors[group, version, plural] = constants.LABEL_JOB_NAME
-    # List in pages at startup: unpaginated, the parsed list of every pod and Job we own was held at once
-    # and set the operator's peak memory.
+    # List TrainingJobs in pages at startup (the informers page their listings too): an unpaginated list
+    # is held whole while it is parsed and set the operator's peak memory.
     settings.watching.chunk_size = LIST_CHUNK
     # Re-open watches regularly so a silently dead connection cannot stall the operator.
     settings.watching.server_timeout = 300
@@ -129,6 +133,17 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         post_event=poster.post,
         namespaces=None if options.all_namespaces else options.watched_namespaces(),
     )
+    # The children (Services, Jobs, Pods labelled kubetrain.io/job-name) come from our own informers.
+    children = informer.informers(
+        client,
+        controller.cache,
+        controller.namespaces,
+        lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+    )
+    controller.ready.clear()
+    for child_informer in children:
+        child_informer.start()
+    informer.when_synced(children, controller.ready.set)
     controller.start()
     if options.metrics_port:
         try:
@@ -138,6 +153,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo["controller"] = controller
     memo["cache"] = controller.cache
     memo["events"] = poster
+    memo["informers"] = children
     logger.info(
         "kubetrain operator watching %s",
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
@@ -149,6 +165,8 @@ def shutdown(memo: Any, **_: Any) -> None:
     controller = memo.get("controller")
     if controller is not None:
         controller.stop()
+    for child_informer in memo.get("informers") or ():
+        child_informer.stop()
     poster = memo.get("events")
     if poster is not None:
         poster.stop()
@@ -157,7 +175,7 @@ def shutdown(memo: Any, **_: Any) -> None:
 def run(options: Options) -> None:
     """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
     _state["options"] = options
-    kopf.configure(verbose=options.verbose)
+    kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
     if not options.verbose:
         # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
         # The controller logs every transition it acts on at INFO.

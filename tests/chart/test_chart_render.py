@@ -286,6 +286,7 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
         {
             "postingLevel": "ERROR",
             "logLevel": "debug",
+            "logFormat": "json",
             "workers": 4,
             "nodeSelector": {"pool": "system"},
             "tolerations": [
@@ -308,7 +309,9 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
     assert "nodeAffinity" in pod["affinity"]
     args = operator_container(objects)["args"]
     assert "--posting-level=ERROR" in args and "--workers=4" in args and "--verbose" in args
-    assert "--verbose" not in operator_container(render(helm_bin, tmp_path))["args"]
+    assert "--log-format=json" in args
+    default_args = operator_container(render(helm_bin, tmp_path))["args"]
+    assert "--verbose" not in default_args and "--log-format=full" in default_args
 
 
 BAD_VALUES = {
@@ -337,6 +340,7 @@ BAD_VALUES = {
     "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
     "zero workers": ({"workers": 0}, "/workers"),
     "bad log level": ({"logLevel": "trace"}, "/logLevel"),
+    "bad log format": ({"logFormat": "xml"}, "/logFormat"),
     "invalid namespace name": ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     "privilege escalation": (
         {
@@ -477,6 +481,7 @@ def test_operator_cli_accepts_the_rendered_arguments(
     assert (parsed.peering is not None) is bool(values.get("peering", {}).get("enabled"))
     assert parsed.leader_elect is bool(values.get("leaderElection", {}).get("enabled"))
     assert parsed.verbose is (values.get("logLevel") == "debug")
+    assert parsed.log_format == values.get("logFormat", "full")
 
 
 def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: Path, tmp_path: Path) -> None:

@@ -88,7 +88,8 @@ def test_the_operator_never_imports_torch() -> None:
 def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
     """Deleting a TrainingJob must never hang while the operator is down (GC does the cleanup), and kopf
     keeps no bookkeeping on it: no change-detecting handlers (which patch annotations), no timers or
-    daemons (which need finalizers); every watched kind only feeds the cache and the queue."""
+    daemons (which need finalizers). kopf watches TrainingJobs only, to feed the cache and the queue;
+    the children come from the operator's informers."""
     import kopf
     from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
 
@@ -97,9 +98,8 @@ def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
     assert not registry._spawning.get_all_handlers()
     watching = registry._watching.get_all_handlers()
     indexing = registry._indexing.get_all_handlers()
-    plurals = {"trainingjobs", "services", "jobs", "pods"}
-    assert {h.selector.any_name for h in watching} == plurals
-    assert {h.selector.any_name for h in indexing} == plurals
+    assert {h.selector.any_name for h in watching} == {"trainingjobs"}
+    assert {h.selector.any_name for h in indexing} == {"trainingjobs"}
 
 
 def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +112,11 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         def create(self, manifest: dict[str, object]) -> None:
             raise AssertionError("no request expected")
 
+        def list_pages(self, *args: object) -> list[tuple[list[dict[str, object]], str]]:
+            return []
+
     monkeypatch.setattr(kube, "Kube", NoApi)
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setitem(main._state, "options", main.Options(metrics_port=0, workers=3))
     settings = kopf.OperatorSettings()
     memo = kopf.Memo()
@@ -122,8 +126,10 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         assert memo["controller"].workers == 3
         assert memo["cache"] is memo["controller"].cache
         assert settings.watching.chunk_size == main.LIST_CHUNK
-        selectors = dict(settings.watching.label_selectors.items())
-        assert len(selectors) == 3 and set(selectors.values()) == {"kubetrain.io/job-name"}
+        assert sorted(i.kind for i in memo["informers"]) == ["Job", "Pod", "Service"]
+        assert {i.namespace for i in memo["informers"]} == {"default"}
     finally:
+        for each in memo["informers"]:
+            each.stop()
         memo["controller"].stop()
         memo["events"].stop()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, kube, reconcile
+from kubetrain_operator import constants, informer, kube, reconcile
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -478,15 +478,28 @@ def test_while_new_jobs_wait_a_creation_pass_leaves_its_status_to_a_later_pass()
     assert ctl.metrics.created.labels(namespace=NS)._value.get() == 1
 
 
-def test_an_audit_finds_a_worker_job_deleted_while_the_watch_was_broken_and_it_is_recreated() -> None:
+def test_an_informer_listing_again_finds_a_job_deleted_while_its_watch_was_broken() -> None:
     fake = _fake_with_job()
     ctl = _controller(fake)
     ctl.reconcile(NS, "demo")
     fake.watch_paused = True
-    fake.delete("Job", NS, "demo-r0-w1")  # the DELETED event is lost
+    fake.delete("Job", NS, "demo-r0-w1")  # the DELETED event is lost with the connection
     ctl.reconcile(NS, "demo")
     assert fake.creations.count(("Job", "demo-r0-w1")) == 1  # the ghost still counts as a worker
-    ctl.audit()
-    assert ctl._queued == {(NS, "demo"): False}
+    changed: list[tuple[str, str]] = []
+    scope = informer.scopes([NS])[0]
+    informer.Informer(fake, fake.cache, "Job", scope, changed.append).relist()  # type: ignore[arg-type]
+    assert changed == [(NS, "demo")]
     ctl.reconcile(NS, "demo")
     assert fake.creations.count(("Job", "demo-r0-w1")) == 2
+
+
+def test_an_audit_forgets_a_trainingjob_deleted_while_kopfs_watch_was_broken() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.namespaces = [NS]
+    fake.watch_paused = True
+    del fake.objects[(constants.KIND, NS, "demo")]
+    ctl.audit()
+    assert fake.cache.trainingjob(NS, "demo") is None
+    assert ctl.reconcile(NS, "demo").gone

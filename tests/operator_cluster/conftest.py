@@ -14,7 +14,9 @@ from testcluster.operator_process import OperatorProcess, install_crd
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     install_crd(cluster)
     log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    process = OperatorProcess(cluster, log, extra_args=("--metrics-port", "0", "--resync-seconds", "2"))
+    process = OperatorProcess(
+        cluster, log, extra_args=("--metrics-port", "0", "--resync-seconds", "2", "--log-format", "json")
+    )
     process.start()
     try:
         yield process

@@ -54,6 +54,27 @@ def _env(job: dict) -> dict[str, str]:
     return {item["name"]: item.get("value", "<from>") for item in container.get("env", [])}
 
 
+def test_the_operator_logs_one_json_object_per_line_naming_the_trainingjob(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The session's operator runs with --log-format json: log pipelines get one object per line, and
+    the operator's lines about a TrainingJob carry its reference like kopf's own per-object lines."""
+    _apply(
+        cluster, namespace, trainingjob("logged", workers=1, annotations={"sim.kubetrain.io/run-for": "1s"})
+    )
+    cluster.kubectl("-n", namespace, "wait", "--for=condition=Succeeded", "tj/logged", "--timeout=90s")
+    lines = [line for line in operator.log_tail(1_000_000).splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert all({"message", "severity", "timestamp"} <= set(record) for record in records)
+    about = [
+        r["message"]
+        for r in records
+        if r.get("object", {}).get("name") == "logged" and r["object"].get("namespace") == namespace
+    ]
+    assert any("CreatedWorkers" in message for message in about), about
+    assert any("Succeeded" in message for message in about), about
+
+
 def test_trainingjob_runs_to_success_with_service_jobs_env_and_times(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
