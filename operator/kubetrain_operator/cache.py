@@ -5,10 +5,11 @@ requests per reconcile (GET TrainingJob, GET Service, LIST Jobs, LIST Pods), mos
 asked of the API server, while kopf's watches were already delivering every one of those objects. A
 reconcile now reads this cache and makes requests only to change something.
 
-Fed by kopf (see `handlers`): its index handlers call `observe` for every listed, added or modified
-object, and its event handlers call `forget` for deleted ones. kopf holds every other handler until each
-watched kind's initial listing has gone through the index handlers, so no reconcile ever plans from a
-half-filled cache (which would see a running group's workers as missing and its status go backwards).
+Fed by kopf for TrainingJobs (see `handlers`: an index handler calls `observe` for every listed, added
+or modified one, an event handler `forget` for deleted ones) and by the `informer` threads for Services,
+Jobs and Pods. The controller plans nothing before kopf's initial listing has been indexed and every
+informer has listed once, so no reconcile ever plans from a half-filled cache (which would see a running
+group's workers as missing and its status go backwards).
 
 Stale reads are safe: the cache trails the API server by the watch delay, and every write guards itself.
 Status patches carry the TrainingJob's resourceVersion (a decision taken on an old read fails with 409
@@ -21,8 +22,8 @@ Slim copies: only what the planner reads is kept (no managedFields, no kubectl l
 no Job or Service spec, a Pod's spec reduced to its node and scheduler), about a tenth of a Pod's size.
 Stored objects are never mutated, only replaced, so readers get them without copying.
 
-Thread-safe: fed from kopf's event loop, read from the controller's worker threads, under one lock held
-only for dict operations.
+Thread-safe: fed from kopf's event loop and the informer threads, read from the controller's worker
+threads, under one lock held only for dict operations.
 """
 
 from __future__ import annotations

@@ -35,7 +35,14 @@ from typing import Any
 
 import kopf
 
-from kubetrain_operator import events, informer, kube, leader, reconcile
+from kubetrain_operator import (
+    events,
+    handlers,  # noqa: F401  (registers the kopf handlers)
+    informer,
+    kube,
+    leader,
+    reconcile,
+)
 from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics

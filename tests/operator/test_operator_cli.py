@@ -89,9 +89,9 @@ def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
     """Deleting a TrainingJob must never hang while the operator is down (GC does the cleanup), and kopf
     keeps no bookkeeping on it: no change-detecting handlers (which patch annotations), no timers or
     daemons (which need finalizers). kopf watches TrainingJobs only, to feed the cache and the queue;
-    the children come from the operator's informers."""
+    the children come from the operator's informers. Importing the operator's runtime registers them
+    (an import that only registers is easy to lose to an unused-import cleanup: it happened)."""
     import kopf
-    from kubetrain_operator import handlers  # noqa: F401  (registers the handlers)
 
     registry = kopf.get_default_registry()
     assert not registry._changing.get_all_handlers()
