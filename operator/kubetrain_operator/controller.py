@@ -104,7 +104,6 @@ class Controller:
         metrics: Metrics | None = None,
         clock: Callable[[], datetime] = utcnow,
         workers: int = 8,
-        post_event: Callable[[dict[str, Any]], None] | None = None,
         namespaces: list[str] | None = None,
         audit_seconds: float = AUDIT_SECONDS,
     ) -> None:
@@ -121,7 +120,8 @@ class Controller:
         self.ready = threading.Event()
         """Set when the cache is complete (every informer listed once): workers plan nothing before."""
         self.ready.set()
-        self._post_event = post_event or self._post_event_now
+        self.post_event: Callable[[dict[str, Any]], None] = self._post_event_now
+        """Where events go: the API at once by default; the operator sets a background `EventPoster`."""
         self._lock = threading.Lock()
         self._keys: dict[Key, _KeyState] = {}
         self._active: dict[Key, bool] = {}
@@ -342,7 +342,7 @@ class Controller:
         if creations_only:
             if not self._create_all(body, plan, outcome):
                 return outcome
-            if self._urgent_waiting():
+            if self.busy():
                 # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
                 # is written by a routine pass after them, and its transitions are counted there.
                 self._post_plan_events(body, plan)
@@ -369,7 +369,8 @@ class Controller:
             self.metrics.active.set(sum(self._active.values()))
         return outcome
 
-    def _urgent_waiting(self) -> bool:
+    def busy(self) -> bool:
+        """Whether new or changed TrainingJobs are waiting for a reconcile thread."""
         with self._lock:
             return any(self._queued.values())
 
@@ -491,7 +492,7 @@ class Controller:
         uid = (body or {}).get("metadata", {}).get("uid")
         now = st.timestamp(self.clock())
         event = events.build_event(*key, uid=uid, type_=type_, reason=reason, message=message, timestamp=now)
-        self._post_event(event)
+        self.post_event(event)
 
     def _post_event_now(self, event: dict[str, Any]) -> None:
         try:

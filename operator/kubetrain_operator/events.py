@@ -2,9 +2,10 @@
 
 Why in the background: an Event is for people (`kubectl describe`), never an input to a decision, yet
 posting one inline made it one of the requests between a new TrainingJob and its workers. Like client-go's
-event broadcaster, the controller hands events to a queue and one thread posts them, so a burst of new
-jobs gets its Services and Jobs first and the API server sees at most one event request at a time from
-us. Best effort, as Events are: a full queue or a refused post is logged, never retried.
+event broadcaster, the controller hands events to a queue and one thread posts them. The poster also
+holds back while `busy()` says new jobs are waiting for their workers (for at most HOLD_LIMIT seconds at
+a time), so in a burst of submissions every Service and Job goes to the API server before any event.
+Best effort, as Events are: a full queue or a refused post is logged, never retried.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kubetrain_operator import constants
 
 logger = logging.getLogger("kubetrain.operator")
+
+HOLD_LIMIT = 30.0
+"""Longest wait for the controller to be idle before posting anyway (events must not go stale)."""
+HOLD_POLL = 0.1
 
 QUEUE_LIMIT = 10_000
 """Events waiting to be posted before new ones are dropped (the API server is far behind by then)."""
@@ -56,8 +62,11 @@ _STOP = object()
 class EventPoster:
     """Posts events handed to `post` from one background thread, in order."""
 
-    def __init__(self, create: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(
+        self, create: Callable[[dict[str, Any]], Any], busy: Callable[[], bool] = lambda: False
+    ) -> None:
         self._create = create
+        self._busy = busy
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._run, name="kubetrain-events", daemon=True)
         self._thread.start()
@@ -87,6 +96,10 @@ class EventPoster:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
+            waited = 0.0
+            while waited < HOLD_LIMIT and self._busy():
+                time.sleep(HOLD_POLL)
+                waited += HOLD_POLL
             try:
                 self._create(item)
             except Exception as exc:  # best effort: never let one event stop the others

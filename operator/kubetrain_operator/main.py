@@ -126,7 +126,6 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
 
     client = kube.Kube()
-    poster = events.EventPoster(client.create)
     controller = Controller(
         client,
         ClusterCache(),
@@ -137,9 +136,11 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         ),
         metrics=Metrics.create(),
         workers=options.workers,
-        post_event=poster.post,
         namespaces=None if options.all_namespaces else options.watched_namespaces(),
     )
+    # Events are posted in the background, after new jobs' workers (see events).
+    poster = events.EventPoster(client.create, busy=controller.busy)
+    controller.post_event = poster.post
     # The children (Services, Jobs, Pods labelled kubetrain.io/job-name) come from our own informers.
     children = informer.informers(
         client,

@@ -198,3 +198,19 @@ def test_a_sweep_forgets_a_deleted_trainingjob() -> None:
     cache.observe(_versioned(trainingjob(), 5))
     assert cache.sweep(constants.KIND, _pages(snapshot=20), lambda ns: True) == {(NS, "demo")}
     assert cache.trainingjob(NS, "demo") is None
+
+
+def test_events_wait_while_the_controller_is_busy_with_new_jobs() -> None:
+    posted: list[str] = []
+    busy = threading.Event()
+    busy.set()
+    poster = events.EventPoster(lambda event: posted.append(event["reason"]), busy=busy.is_set)
+    poster.post(
+        events.build_event(NS, "demo", uid=None, type_="Normal", reason="R", message="m", timestamp="t")
+    )
+    assert not poster.flush(timeout=0.5)  # held back
+    assert posted == []
+    busy.clear()
+    assert poster.flush()
+    assert posted == ["R"]
+    poster.stop()
