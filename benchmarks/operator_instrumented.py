@@ -2,9 +2,10 @@
 
     python benchmarks/operator_instrumented.py COUNTS.json [PROFILE.prof] -- operator --namespace NS ...
 
-The operator talks to the API server through two clients: kopf's aiohttp session (watches, its annotation
-patches, its events) and kubetrain's own `kube.Kube` on the `kubernetes` package's urllib3 pool (reads,
-status patches, child creations, events). Both are wrapped at their single request entry point
+The operator talks to the API server through two clients: kopf's aiohttp session (the TrainingJob
+list and watch, kopf's own events) and kubetrain's own `kube.Kube` on the `kubernetes` package's urllib3
+pool (the informers' lists and watches of Services, Jobs and Pods, child creations and deletions, status
+patches, events, the TrainingJob audit). Both are wrapped at their single request entry point
 (`aiohttp.ClientSession._request`, `urllib3.HTTPConnectionPool.urlopen`) and counted by
 (client, verb, resource), where verb is what the API server would log: get, list, watch, create, patch,
 update, delete. New TLS connections of the urllib3 pool are counted too (connection churn is costly).

@@ -30,7 +30,9 @@ class FakeWatchApi:
         self.lists = 0
         self.watched_from: list[str] = []
 
-    def list_pages(self, kind: str, namespace: str | None, selector: str) -> Iterator[tuple[list[Any], str]]:
+    def list_pages(
+        self, kind: str, namespace: str | None, selector: str, limit: int = 500
+    ) -> Iterator[tuple[list[Any], str]]:
         self.lists += 1
         yield copy.deepcopy(self.listing), self.version
 
