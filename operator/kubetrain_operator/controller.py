@@ -55,6 +55,8 @@ CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
 AUDIT_SECONDS = 300.0
 """How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
+ROUTINE_MAX_WAIT = 10.0
+"""Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
 CREATE_CONCURRENCY = 16
@@ -129,6 +131,9 @@ class Controller:
         self._routine: collections.deque[Key] = collections.deque()
         self._queued: dict[Key, bool] = {}
         """Queued keys -> whether urgent (a key may sit in both deques; this says which entry counts)."""
+        self._queued_at: dict[Key, float] = {}
+        self._urgent_running = 0
+        """Urgent reconciles in progress: routine work and events wait for them too."""
         self._work = threading.Condition(self._lock)
         self._heap: list[tuple[float, Key]] = []
         self._due: dict[Key, float] = {}
@@ -149,22 +154,41 @@ class Controller:
             queued_urgent = self._queued.get(key)
             if queued_urgent is None or (urgent and not queued_urgent):
                 self._queued[key] = urgent
+                self._queued_at.setdefault(key, time.monotonic())
                 (self._urgent if urgent else self._routine).append(key)
                 self.metrics.queue_depth.set(len(self._queued))
                 self._work.notify()
 
-    def _next_key(self) -> Key | None:
-        """Block until a key is queued (urgent ones first); None once stopping. Call with the lock held."""
+    def _next_key(self) -> tuple[Key, bool] | None:
+        """Block until a key may be taken; (key, urgent), or None once stopping. Call with the lock held.
+
+        Urgent keys first. A routine key waits while urgent reconciles are still running (their creations
+        go first, not only their dequeueing), unless it has waited ROUTINE_MAX_WAIT already."""
         while not self._stopping:
-            for dq, urgent in ((self._urgent, True), (self._routine, False)):
-                while dq:
-                    key = dq.popleft()
-                    if self._queued.get(key) is urgent:  # else a stale entry: the key moved or was taken
-                        del self._queued[key]
-                        self.metrics.queue_depth.set(len(self._queued))
-                        return key
-            self._work.wait()
+            while self._urgent:
+                key = self._urgent.popleft()
+                if self._queued.get(key) is True:  # else a stale entry: the key was taken
+                    return self._take(key), True
+            timeout = None
+            while self._routine:
+                key = self._routine[0]
+                if self._queued.get(key) is not False:  # stale: the key moved up or was taken
+                    self._routine.popleft()
+                    continue
+                waited = time.monotonic() - self._queued_at.get(key, 0.0)
+                if self._urgent_running == 0 or waited >= ROUTINE_MAX_WAIT:
+                    self._routine.popleft()
+                    return self._take(key), False
+                timeout = ROUTINE_MAX_WAIT - waited
+                break
+            self._work.wait(timeout)
         return None
+
+    def _take(self, key: Key) -> Key:
+        del self._queued[key]
+        self._queued_at.pop(key, None)
+        self.metrics.queue_depth.set(len(self._queued))
+        return key
 
     def _run_worker(self) -> None:
         while not self.ready.wait(1.0):
@@ -172,10 +196,18 @@ class Controller:
                 return
         while True:
             with self._lock:
-                key = self._next_key()
-            if key is None:
-                return
-            self.trigger(*key)
+                taken = self._next_key()
+                if taken is None:
+                    return
+                key, urgent = taken
+                self._urgent_running += urgent
+            try:
+                self.trigger(*key)
+            finally:
+                if urgent:
+                    with self._lock:
+                        self._urgent_running -= 1
+                        self._work.notify_all()
 
     def trigger(self, namespace: str, name: str) -> Outcome | None:
         """Reconcile now in this thread, or mark dirty if another thread is at it. Never raises."""
@@ -342,7 +374,7 @@ class Controller:
         if creations_only:
             if not self._create_all(body, plan, outcome):
                 return outcome
-            if self.busy():
+            if self._urgent_queued():
                 # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
                 # is written by a routine pass after them, and its transitions are counted there.
                 self._post_plan_events(body, plan)
@@ -369,10 +401,14 @@ class Controller:
             self.metrics.active.set(sum(self._active.values()))
         return outcome
 
-    def busy(self) -> bool:
-        """Whether new or changed TrainingJobs are waiting for a reconcile thread."""
+    def _urgent_queued(self) -> bool:
         with self._lock:
             return any(self._queued.values())
+
+    def busy(self) -> bool:
+        """Whether new or changed TrainingJobs are waiting for a reconcile thread or being reconciled."""
+        with self._lock:
+            return self._urgent_running > 0 or any(self._queued.values())
 
     def _post_plan_events(self, body: dict[str, Any], plan: reconcile.Plan) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])

@@ -435,7 +435,7 @@ def test_urgent_keys_are_taken_before_routine_ones_and_each_key_once() -> None:
     ctl.enqueue((NS, "old-2"), urgent=True)  # a routine key made urgent moves up, once
     with ctl._lock:
         order = [ctl._next_key() for _ in range(3)]
-    assert order == [(NS, "new"), (NS, "old-2"), (NS, "old-1")]
+    assert order == [((NS, "new"), True), ((NS, "old-2"), True), ((NS, "old-1"), False)]
     assert ctl._queued == {}
 
 
@@ -503,3 +503,25 @@ def test_an_audit_forgets_a_trainingjob_deleted_while_kopfs_watch_was_broken() -
     ctl.audit()
     assert fake.cache.trainingjob(NS, "demo") is None
     assert ctl.reconcile(NS, "demo").gone
+
+
+def test_routine_work_waits_while_urgent_reconciles_run_but_not_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctl = _controller(FakeKube())
+    ctl.enqueue((NS, "status-refresh"))
+    ctl._urgent_running = 1  # a new job's workers are being created
+    assert ctl.busy()
+
+    def stop_soon() -> None:
+        threading.Event().wait(0.3)
+        with ctl._lock:
+            ctl._stopping = True
+            ctl._work.notify_all()
+
+    threading.Thread(target=stop_soon).start()
+    with ctl._lock:
+        assert ctl._next_key() is None  # it waited instead of taking the routine key
+        ctl._stopping = False
+        monkeypatch.setattr("kubetrain_operator.controller.ROUTINE_MAX_WAIT", 0.0)
+        assert ctl._next_key() == ((NS, "status-refresh"), False)  # waited long enough
