@@ -55,7 +55,7 @@ CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
 AUDIT_SECONDS = 300.0
 """How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
-ROUTINE_MAX_WAIT = 10.0
+ROUTINE_MAX_WAIT = 30.0
 """Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
