@@ -324,6 +324,13 @@ class Operator:
     def stats(self) -> dict[str, float]:
         return proc_stats(self.process.pid)
 
+    def counts_now(self) -> list[dict[str, Any]]:
+        """The request counts as last written (the wrapper writes them twice a second)."""
+        try:
+            return json.loads(self.counts.read_text())["requests"]
+        except (OSError, ValueError):
+            return []
+
     def stop(self) -> list[dict[str, Any]]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -483,6 +490,7 @@ def run_operator(  # noqa: PLR0917
     last_child = max(t for ts in children.values() for t in ts)
     latencies = [max(children[name]) - watch.added[("TrainingJob", ns, name)] for name in children]
     at_children = operator.stats()
+    rows_at_children = operator.counts_now()
     wait(lambda: watch.count(ns, "TrainingJob", "Succeeded") >= n, 1800, "TrainingJobs Succeeded", watch)
     succeeded = watch.last_state_time(ns, "TrainingJob", "Succeeded")
     time.sleep(2)  # the last status patches and events
@@ -497,6 +505,7 @@ def run_operator(  # noqa: PLR0917
         "cpu_seconds_total": after["cpu_seconds"] - before["cpu_seconds"],
         "peak_rss_mb": after["peak_rss_mb"],
         "requests": requests_table(rows, n),
+        "requests_until_children": requests_table(rows_at_children, n),
     }
     if operator.profile:
         out["profile"] = str(operator.profile)
@@ -512,6 +521,7 @@ def run_operator(  # noqa: PLR0917
         f"{out['requests']['per_trainingjob_by_verb']}, "
         f"new TLS connections {out['requests']['new_tls_connections_kube_client']}"
     )
+    print(f"    requests until the last child: {out['requests_until_children']['detail']}")
     return out
 
 
