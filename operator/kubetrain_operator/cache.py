@@ -73,6 +73,12 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _identity(body: Mapping[str, Any]) -> tuple[str | None, str | None, str | None, str | None]:
+    """kind, namespace, name, uid."""
+    meta = body.get("metadata") or {}
+    return body.get("kind"), meta.get("namespace"), meta.get("name"), meta.get("uid")
+
+
 def _as_int(version: Any) -> int | None:
     try:
         return int(version)
@@ -107,9 +113,7 @@ class ClusterCache:
 
     def observe(self, body: Mapping[str, Any]) -> Key | None:
         """Store (or replace with) a slim copy of `body`; return the TrainingJob it concerns, if any."""
-        kind = body.get("kind")
-        meta = body.get("metadata") or {}
-        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+        kind, namespace, name, uid = _identity(body)
         if not namespace or not name:
             return None
         if kind == constants.KIND:
@@ -140,9 +144,7 @@ class ClusterCache:
 
     def forget(self, body: Mapping[str, Any]) -> Key | None:
         """Drop a deleted object; return the TrainingJob it concerned, if any."""
-        kind = body.get("kind")
-        meta = body.get("metadata") or {}
-        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+        kind, namespace, name, uid = _identity(body)
         if not namespace or not name:
             return None
         if kind == constants.KIND:
