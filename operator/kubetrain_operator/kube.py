@@ -149,10 +149,6 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        answer = self.request("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
-        return answer.get("items") or []
-
     def watch(
         self,
         kind: str,

@@ -52,14 +52,6 @@ class FakeKube:
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
-    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        key, _, value = label_selector.partition("=")
-        return [
-            copy.deepcopy(o)
-            for (k, ns, _), o in self.objects.items()
-            if k == kind and ns == namespace and o["metadata"].get("labels", {}).get(key) == value
-        ]
-
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if manifest["kind"] == "Event":
             self.events.append(manifest)

@@ -109,13 +109,6 @@ def test_get_of_a_missing_object_is_none_and_delete_of_one_is_fine() -> None:
     assert client.requests[1]["body"]["propagationPolicy"] == "Foreground"
 
 
-def test_list_uses_a_label_selector() -> None:
-    client = FakeApiClient([(200, {"items": [{"metadata": {"name": "a"}}]})])
-    items = kube.Kube(client).list("Pod", "ns", "kubetrain.io/job-name=demo")
-    assert items == [{"metadata": {"name": "a"}}]
-    assert client.requests[0]["query"] == [("labelSelector", "kubetrain.io/job-name=demo")]
-
-
 def test_list_pages_follows_continue_tokens_across_all_namespaces() -> None:
     pod = {"metadata": {"name": "p"}}
     api = FakeApiClient(
