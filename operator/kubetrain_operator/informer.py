@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
 from typing import Any
@@ -38,6 +39,8 @@ keeps that peak: small pages keep it small, for a few more requests (10 per 1,00
 
 RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0)
 """Seconds before listing again after the k-th consecutive failure (the API server may be down)."""
+MIN_WATCH_SECONDS = 1.0
+"""A watch the server ends sooner than this is reopened only after this pause (no tight loop)."""
 
 Scope = tuple[str | None, Callable[[str], bool]]
 """A namespace to list and watch (None: all) and the test of which namespaces in it are watched."""
@@ -73,9 +76,8 @@ class Informer:
         self.on_change = on_change
         self.synced = threading.Event()
         self._stopped = threading.Event()
-        where = self.namespace or "all namespaces"
         self._thread = threading.Thread(
-            target=self._run, name=f"kubetrain-informer-{kind}-{where}", daemon=True
+            target=self._run, name=f"kubetrain-informer-{kind}-{self._where()}", daemon=True
         )
 
     def start(self) -> None:
@@ -93,7 +95,10 @@ class Informer:
                 self.synced.set()
                 failures = 0
                 while not self._stopped.is_set():
+                    opened = time.monotonic()
                     version = self.watch(version)
+                    if time.monotonic() - opened < MIN_WATCH_SECONDS:  # closed at once: do not spin
+                        self._stopped.wait(MIN_WATCH_SECONDS)
             except _ExpiredError:
                 continue
             except Exception as exc:  # the API server is away or refused us: list again after a pause
