@@ -79,6 +79,18 @@ def path(
     return out
 
 
+def _payload(status: int, reason: Any, data: bytes | None) -> dict[str, Any]:
+    """The JSON an answer carries; ApiError with the server's reason and message unless it is a 2xx."""
+    data = data or b"{}"
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = {"message": data.decode(errors="replace")}
+    if not 200 <= status < 300:
+        raise ApiError(status, payload.get("reason") or str(reason), payload.get("message", ""), payload)
+    return payload
+
+
 def collection_path(kind: str, namespace: str | None) -> str:
     """REST path of every `kind` in `namespace`, or in all namespaces for None."""
     prefix, plural = JOB_PATHS[kind]
@@ -103,6 +115,30 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        response = self._send(
+            method,
+            url,
+            query=query or [],
+            body=body,
+            content_type=content_type,
+            timeout=self._timeout,
+            preload=True,
+        )
+        return _payload(response.status, response.reason, response.data)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        query: list[tuple[str, str]],
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Any,
+        preload: bool,
+    ) -> Any:
+        """One request with the client's authentication; the response read (`preload`) or left to stream.
+        Transport-level failures raise ApiError with status 0."""
         from kubernetes.client.exceptions import ApiException
 
         headers = {"Accept": "application/json"}
@@ -111,31 +147,20 @@ class Kube:
         _, full_url, headers, serialized, _ = self._client.param_serialize(
             method=method,
             resource_path=url,
-            query_params=query or [],
+            query_params=query,
             header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
         )
         try:
             response = self._client.call_api(
-                method, full_url, header_params=headers, body=serialized, _request_timeout=self._timeout
+                method, full_url, header_params=headers, body=serialized, _request_timeout=timeout
             )
-            response.read()
-        except ApiException as exc:  # transport-level failures surface as status 0
+            if preload:
+                response.read()
+        except ApiException as exc:
             raise ApiError(exc.status or 0, exc.reason or "Error", str(exc)) from exc
-        data = response.data or b"{}"
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            payload = {"message": data.decode(errors="replace")}
-        if not 200 <= response.status < 300:
-            raise ApiError(
-                response.status,
-                payload.get("reason") or str(response.reason),
-                payload.get("message", ""),
-                payload,
-            )
-        return payload
+        return response
 
     # --- objects
 
@@ -160,33 +185,18 @@ class Kube:
         """The watch events of `kind` after `resource_version`, as parsed dicts, as they arrive; ends when
         the server closes the stream (after about `timeout_seconds`). Raises ApiError when refused and on
         transport errors (status 0), like `request`."""
-        from kubernetes.client.exceptions import ApiException
-
         query = [
             ("watch", "true"),
             ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_seconds)),
         ] + ([("labelSelector", label_selector)] if label_selector else [])
-        _, url, headers, _, _ = self._client.param_serialize(
-            method="GET",
-            resource_path=collection_path(kind, namespace),
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            body=None,
-            auth_settings=["BearerToken"],
-        )
-        try:
-            response = self._client.call_api(
-                "GET", url, header_params=headers, _request_timeout=(10.0, timeout_seconds + 30.0)
-            )
-        except ApiException as exc:
-            raise ApiError(exc.status or 0, exc.reason or "Error", str(exc)) from exc
+        url = collection_path(kind, namespace)
+        response = self._send("GET", url, query=query, timeout=(10.0, timeout_seconds + 30.0), preload=False)
         stream = response.response
         try:
             if not 200 <= stream.status < 300:
-                payload = json.loads(stream.read() or b"{}")
-                raise ApiError(stream.status, payload.get("reason", ""), payload.get("message", ""), payload)
+                _payload(stream.status, stream.reason, stream.read())  # raises the server's error
             for line in stream:
                 if line.strip():
                     yield json.loads(line)
