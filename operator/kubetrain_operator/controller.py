@@ -138,7 +138,6 @@ class Controller:
         self._heap: list[tuple[float, Key]] = []
         self._due: dict[Key, float] = {}
         self._wake = threading.Condition(self._lock)
-        self._stopping = False
         self._threads: list[threading.Thread] = []
         self._creators = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="kubetrain-create")
 
@@ -164,7 +163,7 @@ class Controller:
 
         Urgent keys first. A routine key waits while urgent reconciles are still running (their creations
         go first, not only their dequeueing), unless it has waited ROUTINE_MAX_WAIT already."""
-        while not self._stopping:
+        while not self._stopped.is_set():
             while self._urgent:
                 key = self._urgent.popleft()
                 if self._queued.get(key) is True:  # else a stale entry: the key was taken
@@ -293,8 +292,7 @@ class Controller:
 
     def stop(self) -> None:
         self._stopped.set()
-        with self._lock:
-            self._stopping = True
+        with self._lock:  # wake every thread waiting on a condition, to see it
             self._wake.notify_all()
             self._work.notify_all()
         for thread in self._threads:
@@ -304,10 +302,10 @@ class Controller:
     def _run_scheduler(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and (not self._heap or self._heap[0][0] > time.monotonic()):
+                while not self._stopped.is_set() and (not self._heap or self._heap[0][0] > time.monotonic()):
                     timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._wake.wait(timeout=timeout)
-                if self._stopping:
+                if self._stopped.is_set():
                     return
                 due: set[Key] = set()
                 now = time.monotonic()

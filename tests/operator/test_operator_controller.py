@@ -508,12 +508,12 @@ def test_routine_work_waits_while_urgent_reconciles_run_but_not_forever(
     def stop_soon() -> None:
         threading.Event().wait(0.3)
         with ctl._lock:
-            ctl._stopping = True
+            ctl._stopped.set()
             ctl._work.notify_all()
 
     threading.Thread(target=stop_soon).start()
     with ctl._lock:
         assert ctl._next_key() is None  # it waited instead of taking the routine key
-        ctl._stopping = False
+        ctl._stopped.clear()
         monkeypatch.setattr("kubetrain_operator.controller.ROUTINE_MAX_WAIT", 0.0)
         assert ctl._next_key() == ((NS, "status-refresh"), False)  # waited long enough
