@@ -315,11 +315,7 @@ class Operator:
         time.sleep(1.0)  # the watch streams are open; let kopf settle
 
     def _watching(self) -> bool:
-        try:
-            rows = json.loads(self.counts.read_text())["requests"]
-        except (OSError, ValueError):
-            return False
-        return any(r["verb"] == "watch" and r["resource"] == constants.PLURAL for r in rows)
+        return any(r["verb"] == "watch" and r["resource"] == constants.PLURAL for r in self.counts_now())
 
     def stats(self) -> dict[str, float]:
         return proc_stats(self.process.pid)
@@ -339,10 +335,7 @@ class Operator:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        try:
-            return json.loads(self.counts.read_text())["requests"]
-        except (OSError, ValueError):
-            return []
+        return self.counts_now()
 
 
 def operator_env(args: argparse.Namespace) -> dict[str, str]:
@@ -547,7 +540,7 @@ def run_rss(
     # Resume handlers reconcile every TrainingJob present once; wait for the request rate to go quiet.
     previous, quiet_since = -1, time.monotonic()
     while time.monotonic() - quiet_since < 10 and time.time() - started < 600:
-        total = sum(r["count"] for r in json.loads(operator.counts.read_text())["requests"])
+        total = sum(r["count"] for r in operator.counts_now())
         if total != previous:
             previous, quiet_since = total, time.monotonic()
         time.sleep(1)
