@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the Kubernetes test control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm) from upstream Go modules, once per version set.
+# Build the Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, kwok, helm, and for the real node kubelet, kube-proxy and CoreDNS) from upstream Go modules,
+# once per version set.
 #
 # Only the Go module proxy is reachable from our machines, so release binaries cannot be downloaded.
 # Binaries land in $KUBETRAIN_CACHE/k8s-bin/<versions>/ and a rerun with the same versions is a no-op.
@@ -11,13 +12,16 @@ K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
-key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}"
 out="$CACHE_ROOT/k8s-bin/$key"
 mkdir -p "$out"
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 have() { [ -x "$out/$1" ]; }
+
+K8S_BINARIES="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -40,7 +44,7 @@ MOD
 
 build_kubernetes() {
   local missing=0 b
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do have "$b" || missing=1; done
+  for b in $K8S_BINARIES; do have "$b" || missing=1; done
   [ "$missing" = 1 ] || return 0
   log "kubernetes $K8S_VERSION: resolving staging modules from its go.mod"
   local dir="$work/k8s"; mkdir -p "$dir"
@@ -61,7 +65,7 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in $K8S_BINARIES; do
     have "$b" && continue
     log "kubernetes: building $b (cold: several minutes each on 2 cores)"
     (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$out/$b.tmp" "$out/$b")
@@ -87,5 +91,6 @@ build_etcd
 build_simple kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 build_simple helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
 build_kubernetes
+build_simple coredns github.com/coredns/coredns github.com/coredns/coredns "$COREDNS_VERSION"
 log "all binaries present in $(( $(date +%s) - start ))s"
 echo "$out"

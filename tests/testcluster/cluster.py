@@ -1,4 +1,8 @@
-"""One real control plane on loopback: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok."""
+"""One real control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and kwok.
+
+By default it listens on loopback and its nodes are kwok's. Given a `Sandbox`, it runs inside that
+network namespace instead (for a real node: see `node`), reached from outside through a loopback relay.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +24,21 @@ from typing import Any
 import yaml
 
 from testcluster import binaries, pki, processes
+from testcluster.sandbox import CLUSTER_IP, Sandbox, start_relay
 
 KWOK_CONFIG = Path(__file__).with_name("kwok.yaml")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.64.0.0/12"
-_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+_COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "apiserver-relay",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+)
+_SANDBOX_API_PORT = 6443
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -47,6 +60,8 @@ class Cluster:
     bin_dir: Path
     kubeconfig: Path
     api_port: int
+    inner_kubeconfig: Path | None = None
+    """For a sandboxed cluster: the kubeconfig of processes inside the sandbox (node components)."""
     pids: dict[str, int] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     argv: dict[str, list[str]] = field(default_factory=dict)
@@ -240,6 +255,7 @@ def start_cluster(
     directory: Path | None = None,
     timeout: float = 120.0,
     extra_args: dict[str, list[str]] | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Cluster:
     """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped.
 
@@ -251,19 +267,30 @@ def start_cluster(
     root.mkdir(parents=True, exist_ok=True)
     (root / "logs").mkdir(exist_ok=True)
     keys = pki.create_pki(root / "pki")
-    api_port = processes.free_port()
+    # Inside a sandbox the namespace is ours alone, so the ports are the well-known ones.
+    api_port = _SANDBOX_API_PORT if sandbox else processes.free_port()
     cluster = Cluster(directory=root, bin_dir=bin_dir, kubeconfig=root / "kubeconfig", api_port=api_port)
     cluster._detached = detached
     cluster.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(cluster.server, keys)))
+    # The kubeconfig of the components themselves: inside the sandbox, the API server's own port.
+    components_kubeconfig = cluster.kubeconfig
+    if sandbox:
+        components_kubeconfig = cluster.inner_kubeconfig = root / "kubeconfig-inner"
+        components_kubeconfig.write_text(
+            yaml.safe_dump(_kubeconfig(f"https://127.0.0.1:{_SANDBOX_API_PORT}", keys))
+        )
 
     def launch(name: str, argv: list[str]) -> None:
-        cluster.argv[name] = [str(bin_dir / name), *argv, *(extra_args or {}).get(name, [])]
+        command = [str(bin_dir / name), *argv, *(extra_args or {}).get(name, [])]
+        cluster.argv[name] = sandbox.enter(command) if sandbox else command
         process = processes.start(name, cluster.argv[name], cluster.log_dir, detached=detached)
         cluster.processes[name] = process
         cluster.pids[name] = process.pid
 
     try:
-        etcd_port, etcd_peer_port = processes.free_port(), processes.free_port()
+        etcd_port, etcd_peer_port = (
+            (2379, 2380) if sandbox else (processes.free_port(), processes.free_port())
+        )
         launch(
             "etcd",
             [
@@ -280,15 +307,15 @@ def start_cluster(
                 "--log-level=warn",
             ],
         )
-        cluster._health["etcd"] = (f"http://127.0.0.1:{etcd_port}/health", None)
-        _wait_healthy(cluster, "etcd", f"http://127.0.0.1:{etcd_port}/health", None, timeout)
+        if not sandbox:  # inside a sandbox etcd is out of reach; the API server's readyz checks it
+            cluster._health["etcd"] = (f"http://127.0.0.1:{etcd_port}/health", None)
+            _wait_healthy(cluster, "etcd", f"http://127.0.0.1:{etcd_port}/health", None, timeout)
 
         launch(
             "kube-apiserver",
             [
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                *(_sandboxed_apiserver_flags(keys) if sandbox else _loopback_apiserver_flags()),
                 f"--secure-port={api_port}",
                 f"--cert-dir={root / 'pki'}",
                 f"--tls-cert-file={keys.server_cert}",
@@ -300,10 +327,15 @@ def start_cluster(
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
                 "--v=1",
             ],
         )
+        if sandbox:
+            relay, outer_port = start_relay(sandbox, _SANDBOX_API_PORT, cluster.log_dir)
+            cluster.processes["apiserver-relay"] = relay
+            cluster.pids["apiserver-relay"] = relay.pid
+            cluster.api_port = outer_port
+            cluster.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(cluster.server, keys)))
         context = ssl.create_default_context(cafile=str(keys.ca_cert))
         context.load_cert_chain(str(keys.admin_cert), str(keys.admin_key))
         cluster._health["kube-apiserver"] = (f"{cluster.server}/readyz", context)
@@ -312,9 +344,9 @@ def start_cluster(
         launch(
             "kube-controller-manager",
             [
-                f"--kubeconfig={cluster.kubeconfig}",
-                f"--authentication-kubeconfig={cluster.kubeconfig}",
-                f"--authorization-kubeconfig={cluster.kubeconfig}",
+                f"--kubeconfig={components_kubeconfig}",
+                f"--authentication-kubeconfig={components_kubeconfig}",
+                f"--authorization-kubeconfig={components_kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={processes.free_port()}",
                 "--leader-elect=false",
@@ -328,15 +360,19 @@ def start_cluster(
         launch(
             "kube-scheduler",
             [
-                f"--kubeconfig={cluster.kubeconfig}",
-                f"--authentication-kubeconfig={cluster.kubeconfig}",
-                f"--authorization-kubeconfig={cluster.kubeconfig}",
+                f"--kubeconfig={components_kubeconfig}",
+                f"--authentication-kubeconfig={components_kubeconfig}",
+                f"--authorization-kubeconfig={components_kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={processes.free_port()}",
                 "--leader-elect=false",
                 "--v=1",
             ],
         )
+        if sandbox:
+            _wait_for_default_service_account(cluster, timeout)
+            _raise_if_any_exited(cluster)
+            return cluster
         launch(
             "kwok",
             [
@@ -360,6 +396,27 @@ def start_cluster(
     if detached:
         cluster.save_state()
     return cluster
+
+
+def _loopback_apiserver_flags() -> list[str]:
+    # No pod ever needs the `kubernetes` Service on kwok nodes, so no endpoints are kept for it.
+    return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+
+
+def _sandboxed_apiserver_flags(keys: pki.ClusterPki) -> list[str]:
+    """Flags for an API server inside a sandbox, serving a real node's pods and kubelet."""
+    return [
+        # Every address of the sandbox is private to it: loopback, the cluster address, the pod bridge.
+        "--bind-address=0.0.0.0",
+        f"--advertise-address={CLUSTER_IP}",
+        # The `kubernetes` Service gets this API server as its endpoint, so pods reach it.
+        "--endpoint-reconciler-type=lease",
+        # `kubectl logs` and exec: the API server calls the kubelet at its InternalIP, never by a name
+        # that the machine's own resolver would be asked about.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={keys.admin_cert}",
+        f"--kubelet-client-key={keys.admin_key}",
+    ]
 
 
 def _log_tails(cluster: Cluster, lines: int = 15) -> str:

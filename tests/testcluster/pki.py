@@ -95,6 +95,10 @@ def create_pki(directory: Path) -> ClusterPki:
             x509.DNSName("kubernetes.default"),
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            # The real node's pods reach the API server as the `kubernetes` Service (the first address of
+            # the service range) and kube-proxy forwards to the sandbox's cluster address.
+            x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+            x509.IPAddress(ipaddress.ip_address("10.213.0.1")),
         ],
     )
     # system:masters bypasses RBAC: the admin identity is for the harness and the tests' own setup only;

@@ -15,7 +15,7 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask the kernel to SIGKILL the child when the test process dies, even by SIGKILL."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -43,7 +43,7 @@ def start(name: str, argv: Sequence[str], log_dir: Path, *, detached: bool) -> s
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=None if detached else _die_with_parent,  # noqa: PLW1509 - only calls prctl
+            preexec_fn=None if detached else die_with_parent,  # noqa: PLW1509 - only calls prctl
         )
     finally:
         log.close()

@@ -1,0 +1,391 @@
+"""A real Kubernetes node: containerd + runc + CNI + kubelet + kube-proxy, and CoreDNS for cluster DNS.
+
+Everything runs inside the cluster's sandbox (see `sandbox`): the kubelet (v1.37, built like the control
+plane), Debian's containerd 1.6 with its runc, Debian's CNI plugins (bridge + host-local + loopback),
+kube-proxy in iptables mode (so the `kubernetes` Service reaches the API server from pods) and CoreDNS
+answering `cluster.local` (so `<pod>.<service>.<namespace>.svc` resolves) and nothing else.
+
+No registry is reachable, so images reach containerd by import: `hack/podman save` piped into `ctr
+images import`. containerd's image store lives in the build cache, so an image is imported once per
+build, like a real node that has pulled it. The sandbox ("pause") image is any local image whose command
+sleeps forever; we build one from the same Debian base as the kubetrain images.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testcluster import binaries, processes
+from testcluster.cluster import Cluster, start_cluster
+from testcluster.sandbox import CLUSTER_IP, POD_SUBNET, Sandbox, start_sandbox
+
+NODE_NAME = "kubetrain-node"
+PAUSE_IMAGE = "localhost/kubetrain-pause:1"
+CACHE_ROOT = binaries.CACHE_ROOT
+PODMAN = binaries.REPO_ROOT / "hack" / "podman"
+BUILD_IMAGES = binaries.REPO_ROOT / "hack" / "build-images.sh"
+_NODE_COMPONENTS = ("containerd", "coredns", "kube-proxy", "kubelet")
+
+
+class NodeError(RuntimeError):
+    """A node component failed to start; the message points at its log."""
+
+
+def build_images() -> list[str]:
+    """Build (or find cached) the operator and trainer images; return their references."""
+    result = subprocess.run(
+        ["bash", str(BUILD_IMAGES)], stdout=subprocess.PIPE, text=True, check=True, timeout=3600
+    )
+    return result.stdout.strip().splitlines()[-2:]
+
+
+def _podman(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PODMAN), *args], capture_output=True, text=True, check=True, **kwargs)
+
+
+def _ensure_pause_image() -> None:
+    if _podman("image", "exists", PAUSE_IMAGE, check=False).returncode == 0:
+        return
+    containerfile = 'FROM docker.io/library/python:3.11.14-slim-bookworm\nCMD ["sleep", "infinity"]\n'
+    subprocess.run(
+        [str(PODMAN), "build", "--pull=never", "-t", PAUSE_IMAGE, "-f", "-", "."],
+        input=containerfile,
+        text=True,
+        capture_output=True,
+        check=True,
+        cwd=CACHE_ROOT,
+    )
+
+
+@dataclass
+class Node:
+    """The running node's processes and where they keep their state."""
+
+    sandbox: Sandbox
+    directory: Path
+    bin_dir: Path
+    pids: dict[str, int] = field(default_factory=dict)
+    cgroup_root: str = ""
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.directory / "containerd.sock"
+
+    def ctr(self, *args: str, input_bytes: bytes | None = None, timeout: float = 1800) -> str:
+        result = subprocess.run(
+            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
+            input=input_bytes,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise NodeError(f"ctr {' '.join(args)}: {result.stderr.decode(errors='replace').strip()}")
+        return result.stdout.decode()
+
+    def load_image(self, reference: str) -> None:
+        """Import `reference` from the project's podman storage unless containerd has this build of it."""
+        image_id = _podman("image", "inspect", "--format", "{{.Id}}", reference).stdout.strip()
+        stamp = CACHE_ROOT / "node" / "imported" / image_id
+        if stamp.exists() and reference in self.ctr("images", "list", "--quiet").split():
+            return
+        save = subprocess.Popen(
+            [str(PODMAN), "save", "--format", "docker-archive", reference], stdout=subprocess.PIPE
+        )
+        assert save.stdout is not None
+        result = subprocess.run(
+            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", "images", "import", "-"],
+            stdin=save.stdout,
+            capture_output=True,
+            check=False,
+        )
+        save.stdout.close()
+        if save.wait() != 0 or result.returncode != 0:
+            raise NodeError(f"loading {reference} into containerd failed: {result.stderr.decode().strip()}")
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> int:
+        """The host pid of a running container's main process (for fault injection)."""
+        for line in self.ctr("containers", "list", "--quiet").split():
+            info = json.loads(self.ctr("containers", "info", line))
+            labels = info.get("Labels", {})
+            if (
+                labels.get("io.kubernetes.pod.namespace") == namespace
+                and labels.get("io.kubernetes.pod.name") == pod
+                and labels.get("io.kubernetes.container.name") == container
+            ):
+                task = self.ctr("tasks", "list")
+                for row in task.splitlines()[1:]:
+                    columns = row.split()
+                    if columns and columns[0] == line and columns[2] == "RUNNING":
+                        return int(columns[1])
+        raise NodeError(f"no running container {container} of pod {namespace}/{pod}")
+
+    def stop(self) -> None:
+        """Stop the node's own processes; the containers and shims they leave die with the sandbox."""
+        for name in reversed(_NODE_COMPONENTS):
+            pid = self.pids.get(name)
+            if pid is not None:
+                processes.stop_group(pid, grace_seconds=3.0)
+
+
+def _remove_cgroups(root: str) -> None:
+    """rmdir the kubelet's cgroup tree under every v1 controller, deepest first."""
+    if not root:
+        return
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        tree = controller / root.lstrip("/")
+        if not tree.is_dir():
+            continue
+        for directory in sorted(tree.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if directory.is_dir():
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        with contextlib.suppress(OSError):
+            tree.rmdir()
+
+
+def _containerd_config(directory: Path) -> str:
+    cni_dir = directory / "cni"
+    return f"""version = 2
+root = "{CACHE_ROOT / "node" / "containerd"}"
+state = "{directory / "containerd-state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{directory / "containerd.sock"}"
+
+[ttrpc]
+  address = "{directory / "containerd-ttrpc.sock"}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # Without it every sandbox fails on this machine kind: "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni_dir}"
+"""
+
+
+def _cni_config(directory: Path) -> dict[str, Any]:
+    return {
+        "cniVersion": "0.4.0",
+        "name": "kubetrain",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "kubetrain-br0",
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(directory / "cni-ipam"),
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def _kubelet_config(directory: Path, ca_cert: Path, cgroup_root: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # This machine kind has cgroup v1 controllers only; v1.37 still runs on them when told to.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
+        "failSwapOn": False,
+        "enforceNodeAllocatable": [],
+        "containerRuntimeEndpoint": f"unix://{directory / 'containerd.sock'}",
+        "address": CLUSTER_IP,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "clusterDomain": "cluster.local",
+        "clusterDNS": [CLUSTER_IP],
+        # Pods never see the machine's own resolver: there is nothing outside to resolve.
+        "resolvConf": str(directory / "resolv.conf"),
+        "podLogsDir": str(directory / "pod-logs"),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        # The images were imported, not pulled: never garbage-collect them, never evict for disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
+        "serializeImagePulls": False,
+        "maxPods": 30,
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "5s",
+    }
+
+
+def _corefile(kubeconfig: Path) -> str:
+    return f"""cluster.local:53 {{
+    bind {CLUSTER_IP}
+    errors
+    kubernetes cluster.local in-addr.arpa {{
+        kubeconfig {kubeconfig} kubetrain-test
+        pods insecure
+    }}
+    cache 5
+}}
+.:53 {{
+    bind {CLUSTER_IP}
+    # Nothing outside this machine exists for pods: every other name is answered at once, NXDOMAIN.
+    template ANY ANY {{
+        rcode NXDOMAIN
+    }}
+}}
+"""
+
+
+def start_node(
+    sandbox: Sandbox, *, directory: Path, bin_dir: Path, kubeconfig: Path, ca_cert: Path, images: list[str]
+) -> Node:
+    """Start containerd, load `images`, start CoreDNS, kube-proxy and the kubelet; wait until the node
+    is Ready. `kubeconfig` is the one used inside the sandbox."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log_dir = directory / "logs"
+    log_dir.mkdir(exist_ok=True)
+    for sub in ("cni", "cni-ipam", "pod-logs", "kubelet", "containerd-state"):
+        (directory / sub).mkdir(exist_ok=True)
+    (CACHE_ROOT / "node" / "containerd").mkdir(parents=True, exist_ok=True)
+    (directory / "resolv.conf").write_text(f"nameserver {CLUSTER_IP}\n")
+    (directory / "containerd.toml").write_text(_containerd_config(directory))
+    (directory / "cni" / "10-kubetrain.conflist").write_text(json.dumps(_cni_config(directory)))
+    cgroup_root = f"/kubetrain-{uuid.uuid4().hex[:8]}"
+    node = Node(sandbox=sandbox, directory=directory, bin_dir=bin_dir, cgroup_root=cgroup_root)
+
+    def launch(name: str, argv: list[str]) -> None:
+        process = processes.start(name, sandbox.enter(argv), log_dir, detached=False)
+        node.pids[name] = process.pid
+
+    try:
+        launch("containerd", ["containerd", f"--config={directory / 'containerd.toml'}"])
+        _wait(node.containerd_socket.exists, "containerd socket", log_dir / "containerd.log")
+        _wait(lambda: _ctr_ok(node), "containerd answering", log_dir / "containerd.log")
+        _ensure_pause_image()
+        for reference in [PAUSE_IMAGE, *images]:
+            node.load_image(reference)
+
+        (directory / "Corefile").write_text(_corefile(kubeconfig))
+        launch("coredns", [str(bin_dir / "coredns"), "-conf", str(directory / "Corefile")])
+        launch(
+            "kube-proxy",
+            [
+                str(bin_dir / "kube-proxy"),
+                f"--kubeconfig={kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                "--proxy-mode=iptables",
+                f"--cluster-cidr={POD_SUBNET}",
+                "--metrics-bind-address=127.0.0.1:10249",
+                "--healthz-bind-address=127.0.0.1:10256",
+                # kube-proxy would raise machine-wide conntrack sysctls; leave them as they are.
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0",
+                "--v=1",
+            ],
+        )
+        (directory / "kubelet.yaml").write_text(
+            yaml.safe_dump(_kubelet_config(directory, ca_cert, cgroup_root))
+        )
+        launch(
+            "kubelet",
+            [
+                str(bin_dir / "kubelet"),
+                f"--config={directory / 'kubelet.yaml'}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={directory / 'kubelet'}",
+                f"--node-ip={CLUSTER_IP}",
+                f"--hostname-override={NODE_NAME}",
+                "--v=1",
+            ],
+        )
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
+def _ctr_ok(node: Node) -> bool:
+    try:
+        node.ctr("version", timeout=10)
+    except (NodeError, subprocess.TimeoutExpired):
+        return False
+    return True
+
+
+def _wait(condition: Any, what: str, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise NodeError(f"{what}: not after {timeout:.0f}s; see {log}")
+
+
+@contextlib.contextmanager
+def real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
+    """A sandboxed control plane with one real node, Ready, holding the project's images; everything is
+    stopped and removed afterwards (processes, namespace, cgroups, files), whatever happened."""
+    images = build_images()
+    root = Path(tempfile.mkdtemp(prefix="kubetrain-node-"))
+    (root / "logs").mkdir()
+    sandbox = start_sandbox(root / "logs")
+    cluster: Cluster | None = None
+    node: Node | None = None
+    try:
+        cluster = start_cluster(nodes=0, directory=root / "cluster", sandbox=sandbox)
+        assert cluster.inner_kubeconfig is not None
+        node = start_node(
+            sandbox,
+            directory=root / "node",
+            bin_dir=cluster.bin_dir,
+            kubeconfig=cluster.inner_kubeconfig,
+            ca_cert=cluster.directory / "pki" / "ca.crt",
+            images=images,
+        )
+        cluster.kubectl("wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=180s")
+        yield cluster, node
+    finally:
+        if node is not None:
+            node.stop()
+        if cluster is not None:
+            cluster.stop()
+        sandbox.stop()
+        if node is not None:
+            _remove_cgroups(node.cgroup_root)
+        shutil.rmtree(root, ignore_errors=True)
