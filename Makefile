@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv binaries test lint unit demo cluster-up cluster-down cluster-status crds
+.PHONY: venv system-packages binaries images test lint unit demo demo-cluster cluster-up cluster-down cluster-status crds
 
 # The stamp is newer than pyproject.toml once its dependencies are installed; editing it reinstalls.
 $(VENV)/.installed: pyproject.toml
@@ -16,15 +16,22 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+system-packages:
+	bash hack/install-system-packages.sh
+
 binaries:
 	bash hack/build-k8s.sh
+
+# The operator and trainer images, built with podman from the two Dockerfiles (cached by content).
+images: system-packages
+	bash hack/build-images.sh
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The whole suite: lint, unit, distributed (multi-process torch) and cluster tests.
-test: venv binaries lint
+# The whole suite: lint, unit, distributed (multi-process torch), cluster and real-node (e2e) tests.
+test: venv system-packages binaries images lint
 	$(BIN)/python -m pytest
 
 unit: venv
@@ -32,6 +39,10 @@ unit: venv
 
 demo: venv
 	bash hack/demo.sh
+
+# A one-node cluster with real containers, the chart installed, the CPU example trained on it.
+demo-cluster: venv system-packages binaries images
+	PYTHONPATH=tests $(BIN)/python -m testcluster demo
 
 crds: venv
 	$(BIN)/kubetrain crds

@@ -51,6 +51,16 @@ content_key() {
   } | sha256sum | cut -c1-16
 }
 
+# Where TLS to the package index is intercepted, the machine trusts an extra CA that the image's pip does
+# not know. Builds see the machine's CA bundle through a pip.conf mounted for the RUN steps only; nothing
+# of it lands in an image.
+build_mounts=()
+ca_bundle=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+if [ -f "$ca_bundle" ]; then
+  printf '[global]\ncert = /etc/kubetrain-build/ca.crt\n' >"$CACHE_ROOT/images/pip.conf"
+  build_mounts=(--volume "$ca_bundle:/etc/kubetrain-build/ca.crt:ro" --volume "$CACHE_ROOT/images/pip.conf:/etc/pip.conf:ro")
+fi
+
 build_image() {
   local name=$1 ref="$registry/kubetrain-$1:$version"
   local stamp; stamp="$CACHE_ROOT/images/$name-$(content_key "$name")"
@@ -60,7 +70,7 @@ build_image() {
     log "$name: building $ref"
     local start; start=$(date +%s)
     # --network=host: only pip's downloads from the package index go out, as they would on the host.
-    "$podman" build --quiet --pull=never --network=host --layers -f "Dockerfile.$name" -t "$ref" . >"$stamp.tmp"
+    "$podman" build --quiet --pull=never --network=host --layers "${build_mounts[@]}" -f "Dockerfile.$name" -t "$ref" . >"$stamp.tmp" || { rm -f "$stamp.tmp"; exit 1; }
     mv "$stamp.tmp" "$stamp"
     log "$name: built in $(( $(date +%s) - start ))s"
   fi

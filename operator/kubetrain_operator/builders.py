@@ -44,7 +44,7 @@ class Context:
     owner: Owner
     spec: api.TrainingJobSpec
     restart_attempt: int = 0
-    default_image: str = "kubetrain:latest"
+    default_image: str = constants.TRAINER_IMAGE
     default_service_account: str | None = None
     """Workers' ServiceAccount when spec.serviceAccountName is empty (the chart's kubetrain-worker, which
     may patch its own pod's progress annotation); None leaves the namespace's default account."""

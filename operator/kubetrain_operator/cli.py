@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         help="watch every namespace",
     )
     op.add_argument(
-        "--default-image", default=env.default_image, help="image for TrainingJobs without spec.image"
+        "--default-image",
+        default=env.default_image,
+        help="image for TrainingJobs without spec.image (default: %(default)s, from Dockerfile.trainer)",
     )
     op.add_argument(
         "--worker-service-account",

@@ -1,5 +1,7 @@
 """API coordinates, label keys and fixed names shared by every layer of the operator."""
 
+from kubetrain_operator import __version__
+
 GROUP = "kubetrain.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -43,3 +45,10 @@ VOLCANO_SCHEDULER = "volcano"
 COSCHEDULING_PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+
+# The images the project builds (hack/build-images.sh, Dockerfile.operator, Dockerfile.trainer): one name
+# each, everywhere (chart defaults, examples, docs); tests/examples/test_image_names.py holds them together.
+IMAGE_REGISTRY = "ghcr.io/kubetrain"
+OPERATOR_IMAGE = f"{IMAGE_REGISTRY}/kubetrain-operator:{__version__}"
+TRAINER_IMAGE = f"{IMAGE_REGISTRY}/kubetrain-trainer:{__version__}"
+"""The workers' image when spec.image is empty and the operator is given no --default-image."""

@@ -36,6 +36,7 @@ from typing import Any
 import kopf
 
 from kubetrain_operator import (
+    constants,
     events,
     handlers,  # noqa: F401  (registers the kopf handlers)
     informer,
@@ -54,7 +55,7 @@ logger = logging.getLogger("kubetrain.operator")
 class Options:
     namespaces: list[str] = dataclasses.field(default_factory=list)
     all_namespaces: bool = False
-    default_image: str = "kubetrain:latest"
+    default_image: str = constants.TRAINER_IMAGE
     worker_service_account: str | None = None
     metrics_port: int = 8080
     liveness: str | None = "http://0.0.0.0:8081/healthz"

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubetrain_operator import api, builders, failure, names, observe
+from kubetrain_operator import api, builders, constants, failure, names, observe
 from kubetrain_operator import status as st
 
 STALE_GRACE_SECONDS = 120.0
@@ -120,7 +120,7 @@ class Plan:
 class Defaults:
     """Operator-level configuration the planner needs."""
 
-    image: str = "kubetrain:latest"
+    image: str = constants.TRAINER_IMAGE
     service_account: str | None = None
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
