@@ -11,25 +11,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from testcluster import binaries
+from testcluster import quickstart
 from testcluster.cluster import Cluster
 from testcluster.node import Node, real_node_cluster
 from testcluster.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
-REPO_ROOT = binaries.REPO_ROOT
-SAMPLE = REPO_ROOT / "examples" / "data" / "cifar10-sample.tar.gz"
-RELEASE_NAMESPACE = "kubetrain-system"
+RELEASE_NAMESPACE = quickstart.RELEASE_NAMESPACE
 WORKLOAD_NAMESPACE = "training"
-TRAINER_UID = 1000
+TRAINER_UID = quickstart.TRAINER_UID
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +38,7 @@ def real_cluster() -> Iterator[tuple[Cluster, Node]]:
 def volumes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The CIFAR sample (read-only data) and an output directory the workers' uid may write."""
     root = tmp_path_factory.mktemp("volumes")
-    data, output = root / "data", root / "output"
-    data.mkdir()
-    output.mkdir()
-    with tarfile.open(SAMPLE) as archive:
-        archive.extractall(data, filter="data")
-    os.chown(output, TRAINER_UID, TRAINER_UID)
-    return {"data": data, "output": output}
+    return {"data": quickstart.extract_sample(root / "data"), "output": root / "output"}
 
 
 @pytest.fixture(scope="module")
@@ -56,85 +46,9 @@ def installed(real_cluster: tuple[Cluster, Node], volumes: dict[str, Path]) -> C
     """The chart installed as a user would (its default images), watching a `restricted` namespace that
     holds the data and output volumes."""
     cluster, _ = real_cluster
-    cluster.apply(
-        [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NAMESPACE}},
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {
-                    "name": WORKLOAD_NAMESPACE,
-                    "labels": {
-                        "pod-security.kubernetes.io/enforce": "restricted",
-                        "pod-security.kubernetes.io/enforce-version": "latest",
-                    },
-                },
-            },
-            *_volume_pair("cifar10-data", volumes["data"], read_only=True),
-            *_volume_pair("kubetrain-output", volumes["output"], read_only=False),
-        ]
-    )
-    helm = binaries.ensure_binaries() / "helm"
-    values = {"watchNamespaces": [WORKLOAD_NAMESPACE], "logFormat": "json"}
-    values_path = cluster.directory / "e2e-values.yaml"
-    values_path.write_text(yaml.safe_dump(values))
-    _run(
-        [
-            str(helm),
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "install",
-            "kubetrain",
-            str(REPO_ROOT / "charts" / "kubetrain"),
-            "-n",
-            RELEASE_NAMESPACE,
-            "-f",
-            str(values_path),
-            "--wait",
-            "--timeout",
-            "5m",
-        ]
-    )
+    quickstart.prepare_namespace(cluster, WORKLOAD_NAMESPACE, volumes["data"], volumes["output"])
+    quickstart.helm_install(cluster, [WORKLOAD_NAMESPACE], logFormat="json")
     return cluster
-
-
-def _run(argv: list[str]) -> str:
-    import subprocess
-
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
-def _volume_pair(name: str, path: Path, *, read_only: bool) -> list[dict[str, Any]]:
-    """A hostPath PersistentVolume bound to the claim of the same name in the workload namespace."""
-    mode = "ReadOnlyMany" if read_only else "ReadWriteOnce"
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"e2e-{name}"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": [mode],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(path), "type": "Directory"},
-                "claimRef": {"namespace": WORKLOAD_NAMESPACE, "name": name},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
-            "spec": {
-                "accessModes": [mode],
-                "storageClassName": "",
-                "volumeName": f"e2e-{name}",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    ]
 
 
 def _trainingjob(name: str, *, epochs: int) -> dict[str, Any]:

@@ -1,17 +1,23 @@
-"""Developer command: `python -m testcluster up|down|status` (run with PYTHONPATH=tests; see the Makefile).
+"""Developer command: `python -m testcluster up|down|status|demo` (PYTHONPATH=tests; see the Makefile).
 
 `up` starts a detached cluster whose state lives in a fixed directory and prints the KUBECONFIG to
-export; `down` stops every process it started and deletes the directory.
+export; `down` stops every process it started and deletes the directory. `demo` (`make demo-cluster`)
+starts a one-node cluster with real containers, installs the chart, runs examples/cifar10-cpu.yaml on it
+while streaming `kubectl get tj -w`, and keeps the cluster up until Enter or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+from testcluster import quickstart
 from testcluster.cluster import Cluster, start_cluster
+from testcluster.node import real_node_cluster
 
 DEFAULT_DIR = Path(
     os.environ.get("KUBETRAIN_DEV_CLUSTER_DIR", Path.home() / ".cache" / "kubetrain" / "dev-cluster")
@@ -20,12 +26,14 @@ DEFAULT_DIR = Path(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="testcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "demo"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state directory (default %(default)s)")
     parser.add_argument("--nodes", type=int, default=3, help="number of kwok nodes (default %(default)s)")
     args = parser.parse_args(argv)
     state = args.dir / "state.json"
 
+    if args.command == "demo":
+        return demo()
     if args.command == "up":
         if state.exists():
             print(
@@ -48,6 +56,50 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(cluster.alive().values()) else 1
     cluster.stop()
     print(f"dev cluster in {args.dir} stopped and removed", file=sys.stderr)
+    return 0
+
+
+DEMO_DIR = quickstart.binaries.REPO_ROOT / "runs" / "demo-cluster"
+DEMO_NAMESPACE = "default"
+
+
+def demo() -> int:
+    """The quickstart on a real node, as the README tells it, with the CPU example."""
+    example = quickstart.binaries.REPO_ROOT / "examples" / "cifar10-cpu.yaml"
+    with real_node_cluster() as (cluster, _node):
+        print(
+            f"== cluster up; export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH", flush=True
+        )
+        data = quickstart.extract_sample(DEMO_DIR / "data")
+        quickstart.prepare_namespace(cluster, DEMO_NAMESPACE, data, DEMO_DIR / "output")
+        print("== helm install kubetrain charts/kubetrain -n kubetrain-system --create-namespace", flush=True)
+        quickstart.helm_install(cluster, [DEMO_NAMESPACE])
+        print(cluster.kubectl("-n", quickstart.RELEASE_NAMESPACE, "get", "pods"), flush=True)
+        print(f"== kubectl apply -f {example.relative_to(quickstart.binaries.REPO_ROOT)}", flush=True)
+        cluster.kubectl("-n", DEMO_NAMESPACE, "apply", "-f", str(example))
+        print("== kubectl get trainingjobs -w", flush=True)
+        kubectl = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
+        watch = subprocess.Popen([*kubectl, "-n", DEMO_NAMESPACE, "get", "trainingjobs", "-w"])
+        try:
+            cluster.kubectl(
+                "-n",
+                DEMO_NAMESPACE,
+                "wait",
+                "tj/cifar10-cpu",
+                "--timeout=1800s",
+                "--for=jsonpath={.status.phase}=Succeeded",
+            )
+        finally:
+            watch.terminate()
+            watch.wait()
+        print(f"== artifacts in {DEMO_DIR / 'output' / 'cifar10-cpu'}:", flush=True)
+        for artifact in sorted((DEMO_DIR / "output" / "cifar10-cpu").iterdir()):
+            print(f"   {artifact.name}")
+        if sys.stdin.isatty():
+            print("== the cluster stays up for you: press Enter (or Ctrl-C) to tear it all down", flush=True)
+            with contextlib.suppress(KeyboardInterrupt, EOFError):
+                input()
+    print("== torn down: processes, network namespace, cgroups and the cluster's files are gone")
     return 0
 
 

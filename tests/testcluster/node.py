@@ -51,8 +51,8 @@ def build_images() -> list[str]:
     return result.stdout.strip().splitlines()[-2:]
 
 
-def _podman(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PODMAN), *args], capture_output=True, text=True, check=True, **kwargs)
+def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PODMAN), *args], capture_output=True, text=True, check=check)
 
 
 def _ensure_pause_image() -> None:

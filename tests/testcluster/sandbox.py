@@ -2,8 +2,8 @@
 
 The real node's pods need addresses, a bridge, iptables rules and a DNS server, and every packet must stay
 on this machine. So the control plane and the node run inside one network namespace of our own: its only
-interfaces are loopback, a dummy interface carrying the cluster's address (`CLUSTER_IP`: API server,
-kubelet, cluster DNS) and the CNI bridge the pods hang off. Nothing in it is routed anywhere else. The
+interfaces are loopback, which also carries the cluster's address (`CLUSTER_IP`: API server, kubelet,
+cluster DNS), and the CNI bridge the pods hang off. Nothing in it is routed anywhere else. The
 tests, outside, reach the API server through a relay on the machine's loopback (`socat`, one connection
 into the namespace per connection accepted).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from testcluster import processes
 
 CLUSTER_IP = "10.213.0.1"
-"""The cluster's address inside the namespace (a dummy interface): API server, kubelet, CoreDNS."""
+"""The cluster's address inside the namespace (on its loopback): API server, kubelet, CoreDNS."""
 POD_SUBNET = "10.214.0.0/24"
 """Pod addresses on the CNI bridge inside the namespace."""
 
@@ -36,9 +36,9 @@ _SETUP = f"""
 set -e
 if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi
 ip link set lo up
-ip link add kubetrain0 type dummy
-ip addr add {CLUSTER_IP}/32 dev kubetrain0
-ip link set kubetrain0 up
+# On loopback (this kernel has no dummy links): still local to every interface of the namespace, so pods
+# on the bridge reach it through their gateway.
+ip addr add {CLUSTER_IP}/32 dev lo
 # Pod -> Service -> pod traffic is routed back out of the bridge; nothing leaves the namespace.
 sysctl -qw net.ipv4.ip_forward=1
 echo ready
