@@ -9,7 +9,8 @@ decision such as "restart attempt 2" is durable before its effects), then deleti
 Restart protocol: a failure bumps status.restartAttempt and deletes the old attempt's Jobs (Foreground,
 so their pods go first); the new attempt's Jobs (new names) are created once the old Jobs are gone, or
 after STALE_GRACE_SECONDS when a pod is stuck terminating on a lost node. Suspend deletes every worker
-Job and bumps the attempt the same way, without counting a restart.
+Job and bumps the attempt the same way (Foreground too, so a quick resume waits for the old pods and no
+old rank 0 writes checkpoints or progress.json beside the new attempt), without counting a restart.
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         current = [j for j in obs.jobs if j not in stale]
         if current:
             status["restartAttempt"] = attempt + 1
-        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [Deletion("Job", _name(j), "Foreground") for j in obs.jobs if not _is_deleting(j)]
         status["startTime"] = None
         status["pendingReason"] = None
         status["pendingMessage"] = None

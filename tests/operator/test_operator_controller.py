@@ -35,6 +35,8 @@ class FakeKube:
         self.fail_create: dict[str, kube.ApiError] = {}
         self.fail_patch: list[kube.ApiError] = []
         self.rv = 100
+        self.gc_paused = False
+        """When set, pods outlive their Job's deletion until `collect_garbage` (their grace period)."""
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -85,16 +87,56 @@ class FakeKube:
         ]
         return [(items, str(self.rv))]
 
-    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
+    def delete(
+        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+    ) -> None:
+        """Like `kube.Kube.delete`: gone or replaced by a namesake (uid precondition) is success. The
+        garbage collector is modelled: Background removes the object now and its pods later, Foreground
+        keeps a Job (deletionTimestamp set) until its pods are gone."""
         self.calls.append(f"delete {kind} {name} {propagation}")
-        gone = self.objects.pop((kind, namespace, name), None)
-        if gone is not None:
-            self._watch(gone, deleted=True)
-        if kind == "Job":  # the garbage collector takes the pods along
-            for key in [
-                k for k, o in self.objects.items() if k[0] == "Pod" and o["metadata"]["name"].startswith(name)
-            ]:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
+            return
+        if kind == "Job" and self.gc_paused and propagation == "Foreground" and self._pods_of(obj):
+            obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:59:59Z"
+            self._bump(obj)
+            return
+        del self.objects[(kind, namespace, name)]
+        self._watch(obj, deleted=True)
+        if kind == "Job" and not self.gc_paused:
+            self.collect_garbage()
+
+    def _pods_of(self, job: dict[str, Any]) -> list[tuple[str, str, str]]:
+        uid = job["metadata"].get("uid")
+        return [
+            key
+            for key, o in self.objects.items()
+            if key[0] == "Pod" and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())
+        ]
+
+    def collect_garbage(self) -> None:
+        """Remove the pods of deleted or deleting Jobs, then the Jobs deleted in the foreground."""
+        live = {o["metadata"]["uid"] for k, o in self.objects.items() if k[0] == "Job"}
+        deleting = {o["metadata"]["uid"] for k, o in self.objects.items() if k[0] == "Job" and _deleting(o)}
+        for key, obj in list(self.objects.items()):
+            owners = {r.get("uid") for r in obj["metadata"].get("ownerReferences") or ()}
+            if key[0] == "Pod" and (not owners & live or owners & deleting):
                 self._watch(self.objects.pop(key), deleted=True)
+        for key, obj in list(self.objects.items()):
+            if key[0] == "Job" and _deleting(obj):
+                self._watch(self.objects.pop(key), deleted=True)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self._watch(obj)
+
+    def edit_spec(self, name: str = "demo", **changes: Any) -> None:
+        """A user's edit of the TrainingJob's spec: a new generation and resourceVersion."""
+        obj = self.objects[(constants.KIND, NS, name)]
+        obj["spec"] = {**obj["spec"], **changes}
+        obj["metadata"]["generation"] += 1
+        self._bump(obj)
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], rv: str | None
@@ -141,6 +183,10 @@ class FakeKube:
 
     def status(self, name: str = "demo") -> dict[str, Any]:
         return self.objects[(constants.KIND, NS, name)]["status"]
+
+
+def _deleting(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
 
 
 def _controller(fake: FakeKube, workers: int = 2) -> Controller:
@@ -517,3 +563,30 @@ def test_routine_work_waits_while_urgent_reconciles_run_but_not_forever(
         ctl._stopped.clear()
         monkeypatch.setattr("kubetrain_operator.controller.ROUTINE_MAX_WAIT", 0.0)
         assert ctl._next_key() == ((NS, "status-refresh"), False)  # waited long enough
+
+
+def _running(fake: FakeKube, ctl: Controller) -> None:
+    """Reconcile the fake's TrainingJob until its workers run."""
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Running"
+
+
+def test_a_quick_resume_waits_until_the_suspended_workers_pods_are_gone() -> None:
+    """Suspension deletes the workers' Jobs in the foreground, as a restart does: a resume while their pods
+    still terminate creates nothing, so the old rank 0 never writes beside the next attempt's."""
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.gc_paused = True  # the pods take their grace period to terminate
+    fake.edit_spec(runPolicy={"suspend": True})
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Suspended"
+    fake.edit_spec(runPolicy={"suspend": False})
+    ctl.reconcile(NS, "demo")
+    assert [name for _, name in fake.creations if name.startswith("demo-r1-")] == []
+    assert fake.status()["pendingReason"] == "WaitingForOldWorkers"
+    fake.collect_garbage()
+    ctl.reconcile(NS, "demo")
+    assert ("Job", "demo-r1-w0") in fake.creations and ("Job", "demo-r1-w1") in fake.creations

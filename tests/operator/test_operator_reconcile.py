@@ -386,7 +386,7 @@ def test_suspend_deletes_workers_and_resume_starts_a_new_attempt() -> None:
     assert p.status["restartAttempt"] == 1
     assert p.status["restarts"] == 0  # suspension is not a failure
     assert p.status["startTime"] is None
-    assert sorted(_deleted(p)) == [("Job", "demo-r0-w0", "Background"), ("Job", "demo-r0-w1", "Background")]
+    assert sorted(_deleted(p)) == [("Job", "demo-r0-w0", "Foreground"), ("Job", "demo-r0-w1", "Foreground")]
     assert [e.reason for e in p.events] == ["Suspended"]
 
     deleting = "2026-01-01T00:59:59Z"
