@@ -140,6 +140,9 @@ class Controller:
         self._wake = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._creators = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="kubetrain-create")
+        self._refused: dict[Key, tuple[str | None, str]] = {}
+        """TrainingJobs whose status the API server refuses -> (the resourceVersion refused, the message):
+        nothing is tried again, and nothing said again, until the object changes."""
 
     # ------------------------------------------------------------ the queue
 
@@ -275,6 +278,7 @@ class Controller:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._active.pop((namespace, name), None)
+            self._refused.pop((namespace, name), None)
             self.metrics.active.set(sum(self._active.values()))
 
     def start(self) -> None:
@@ -346,6 +350,11 @@ class Controller:
             self.forget(namespace, name)
             return Outcome(gone=True)
         uid = body["metadata"].get("uid", "")
+        refused = self._refused.get((namespace, name))
+        if refused is not None:
+            if refused[0] == body["metadata"].get("resourceVersion"):
+                return Outcome(invalid=refused[1])  # any write would be refused again: said once already
+            del self._refused[(namespace, name)]
         services = [s for s in self.cache.children(namespace, name, "Service") if observe.owned_by(s, uid)]
         pod_group = None
         gang = (body.get("spec") or {}).get("gangScheduling") or {}
@@ -378,8 +387,11 @@ class Controller:
                 self._post_plan_events(body, plan)
                 self.schedule((namespace, name), DEFERRED_STATUS_DELAY)
                 return outcome
-        if plan.status_changed(stored) and not self._write_status(body, plan, outcome):
-            return outcome
+        if plan.status_changed(stored):
+            written = self._write_status(body, plan, outcome)
+            if written is None:
+                return outcome
+            body = written  # later writes are guarded by the version this one made
         if not creations_only:
             for deletion in plan.delete:
                 self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
@@ -414,9 +426,12 @@ class Controller:
             logger.info("%s/%s: %s: %s", *key, event.reason, event.message, extra=about(key, body))
             self._event(key, body, event.type, event.reason, event.message)
 
-    def _write_status(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
-        """Patch the planned status, guarded by the resourceVersion it was planned from. False when the
-        reconcile must stop here (stale read, object gone, or refused: `outcome` says which)."""
+    def _write_status(
+        self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome
+    ) -> dict[str, Any] | None:
+        """Patch the planned status, guarded by the resourceVersion it was planned from; the object as
+        written, or None when the reconcile must stop here (stale read, object gone, or refused: `outcome`
+        says which)."""
         meta = body["metadata"]
         try:
             written = self.kube.patch_status(
@@ -425,17 +440,22 @@ class Controller:
         except kube.ApiError as exc:
             if exc.conflict:  # changed since we read it: the watch brings the news, decide again then
                 plan.requeue_after = CONFLICT_RETRY
-                return False
+                return None
             if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
                 self.cache.forget(body)
                 outcome.gone = True
-                return False
+                return None
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
                 outcome.invalid = self._status_refused(body, plan, exc)
-                return False
+                self._refused[(meta["namespace"], meta["name"])] = (
+                    meta.get("resourceVersion"),
+                    outcome.invalid,
+                )
+                plan.requeue_after = None
+                return None
             raise
         self.cache.observe(written)
-        return True
+        return written
 
     def _create_all(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
         """Create the plan's objects: a gang-scheduling PodGroup first (no worker pod may wait for a
@@ -478,13 +498,18 @@ class Controller:
             raise
 
     def _report_failed_create(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> None:
+        """Record why creating children failed, guarded like every status write by the version the plan
+        was made from (a refused write is dropped: the retry plans again from the newer version)."""
         meta = body["metadata"]
         message = f"cannot create worker objects: {exc.status} {exc.reason}: {exc.message}"
         if plan.status.get("pendingMessage") == message:
             return
         status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
         try:
-            self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
+            written = self.kube.patch_status(
+                meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            )
+            self.cache.observe(written)
         except kube.ApiError as patch_error:
             logger.warning(
                 "could not record FailedCreate on %s/%s: %s", meta["namespace"], meta["name"], patch_error
@@ -496,8 +521,9 @@ class Controller:
         """The API server refuses to store any status for this TrainingJob (422): its stored spec no longer
         passes the CRD's rules (written before a schema change, e.g. a value of the wrong type in a field
         with a transition rule, which cannot even be evaluated). Retrying cannot help until someone edits
-        the object, which arrives as an update event: say what is wrong in a Warning event and stop (the
-        kopf handler raises PermanentError; nothing is rescheduled)."""
+        the object, which arrives as an update event: say what is wrong in a Warning event, once, and stop
+        (nothing is rescheduled, and until the object's resourceVersion changes no reconcile of it writes
+        or says anything again)."""
         meta = body["metadata"]
         failed = st.get_condition(plan.status, "Failed") or {}
         if plan.status.get("phase") == "Failed" and failed.get("reason") == "InvalidSpec":
@@ -511,13 +537,24 @@ class Controller:
         self._event((meta["namespace"], meta["name"]), body, "Warning", reason, message)
         return message
 
-    def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
+    def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str | None:
+        """Fail the job whose child the API server refused (422): the message, or None when the
+        TrainingJob changed since the plan was made (the verdict is then planned again from the news)."""
         meta = body["metadata"]
         status = dict(plan.status)
         now = self.clock()
         st.enter_phase(status, "Failed", "InvalidSpec", message, now)
         status["completionTime"] = st.timestamp(now)
-        self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
+        try:
+            written = self.kube.patch_status(
+                meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            )
+        except kube.ApiError as exc:
+            if not exc.conflict:
+                raise
+            plan.requeue_after = CONFLICT_RETRY
+            return None
+        self.cache.observe(written)
         self._event((meta["namespace"], meta["name"]), body, "Warning", "InvalidSpec", message)
         self.metrics.record(meta["namespace"], ["failed"])
         return message

@@ -111,7 +111,8 @@ class FakeKube:
         return [
             key
             for key, o in self.objects.items()
-            if key[0] == "Pod" and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())
+            if key[0] == "Pod"
+            and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())
         ]
 
     def collect_garbage(self) -> None:
@@ -590,3 +591,49 @@ def test_a_quick_resume_waits_until_the_suspended_workers_pods_are_gone() -> Non
     fake.collect_garbage()
     ctl.reconcile(NS, "demo")
     assert ("Job", "demo-r1-w0") in fake.creations and ("Job", "demo-r1-w1") in fake.creations
+
+
+def _changed_behind_the_cache(fake: FakeKube) -> dict[str, Any]:
+    """Another writer changes the TrainingJob's status while the operator's cache still holds the old
+    version; returns the status the API server now holds."""
+    fake.watch_paused = True
+    stored = fake.objects[(constants.KIND, NS, "demo")]
+    stored["status"] = {"phase": "Pending", "message": "written by someone who read a newer version"}
+    stored["metadata"]["resourceVersion"] = "999"
+    return copy.deepcopy(stored["status"])
+
+
+def test_a_failed_creation_report_from_a_stale_read_is_refused() -> None:
+    fake = _fake_with_job()
+    newer = _changed_behind_the_cache(fake)
+    fake.fail_create["demo-r0-w1"] = kube.ApiError(403, "Forbidden", "exceeded quota: gpus, requested: 8")
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None  # the creation error is retried with backoff
+    assert "patch status" in fake.calls
+    assert fake.status() == newer
+
+
+def test_an_invalid_child_verdict_from_a_stale_read_is_refused_and_planned_again() -> None:
+    fake = _fake_with_job()
+    newer = _changed_behind_the_cache(fake)
+    fake.fail_create["demo-r0-w0"] = kube.ApiError(422, "Invalid", "spec.template: Invalid value")
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert "patch status" in fake.calls
+    assert fake.status() == newer
+    assert outcome.invalid is None and outcome.plan is not None and outcome.plan.requeue_after == 0.2
+
+
+def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob_changes() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    refusal = kube.ApiError(422, "Invalid", "spec.workers: Invalid value: 'string': must be integer")
+    fake.fail_patch += [refusal] * 5
+    for _ in range(3):  # resyncs and child events
+        ctl.trigger(NS, "demo")
+    assert [e["reason"] for e in fake.events].count("StatusRefused") == 1
+    assert (NS, "demo") not in ctl._due
+    assert fake.calls.count("patch status") == 1
+    fake.edit_spec(runPolicy={"maxRestarts": 2})  # someone edits it: the operator looks again
+    ctl.trigger(NS, "demo")
+    assert fake.calls.count("patch status") == 2
+    assert [e["reason"] for e in fake.events].count("StatusRefused") == 2
