@@ -18,8 +18,10 @@ a second later, so a burst of submissions gets all its workers before any of its
 Any other plan writes status first, guarded by the resourceVersion it was planned from (a stale read
 fails with 409 and is planned again instead of overwriting), because its status records a decision (a
 new restart attempt, a terminal phase) that must be durable before its effects: deletions, then
-creations. 409 AlreadyExists on a creation is success, so a retry or a restarted operator never
-creates a duplicate. Events go to a background poster (`events`).
+creations. 409 AlreadyExists on a creation is success when the existing object is controlled by this
+TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate when
+anything else holds the name; deletions name the uid they were planned from, so they never remove a
+namesake created since. Events go to a background poster (`events`).
 """
 
 from __future__ import annotations
@@ -355,7 +357,6 @@ class Controller:
             if refused[0] == body["metadata"].get("resourceVersion"):
                 return Outcome(invalid=refused[1])  # any write would be refused again: said once already
             del self._refused[(namespace, name)]
-        services = [s for s in self.cache.children(namespace, name, "Service") if observe.owned_by(s, uid)]
         pod_group = None
         gang = (body.get("spec") or {}).get("gangScheduling") or {}
         if gang.get("provider") in GANG_APIS:  # rare: not worth a watch, read when asked for
@@ -364,7 +365,7 @@ class Controller:
             )
         observed = reconcile.Observed.from_objects(
             body,
-            service=services[0] if services else None,
+            services=self.cache.children(namespace, name, "Service"),
             jobs=self.cache.children(namespace, name, "Job"),
             pods=self.cache.children(namespace, name, "Pod"),
             pod_group=pod_group,
@@ -394,12 +395,12 @@ class Controller:
             body = written  # later writes are guarded by the version this one made
         if not creations_only:
             for deletion in plan.delete:
-                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
+                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation, deletion.uid)
             if not self._create_all(body, plan, outcome):
                 return outcome
         self._post_plan_events(body, plan)
         if plan.delete_self:
-            self.kube.delete(constants.KIND, namespace, name, "Background")
+            self.kube.delete(constants.KIND, namespace, name, "Background", uid)
         if outcome.invalid is None and plan.status.get("phase") == "Failed":
             reason = (st.get_condition(plan.status, "Failed") or {}).get("reason")
             if reason == "InvalidSpec":
@@ -465,8 +466,7 @@ class Controller:
         try:
             for batch in (first, rest):
                 for created in self._creators.map(self._create, batch):
-                    if created is not None:
-                        self.cache.observe(created)
+                    self.cache.observe(created)
         except InvalidChildError as exc:
             outcome.invalid = self._fail_invalid(body, plan, str(exc))
             return False
@@ -477,13 +477,15 @@ class Controller:
             raise
         return True
 
-    def _create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """The created object, or None when it already existed."""
+    def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The created object, or the existing one when this TrainingJob already created it (an earlier,
+        maybe killed, reconcile). An object of that name that this TrainingJob does not control (a deleted
+        namesake's, not yet collected, or anyone else's) is never claimed: ApiError 409."""
         try:
             return self.kube.create(manifest)
         except kube.ApiError as exc:
             if exc.conflict:
-                return None  # already exists: created by an earlier (maybe killed) reconcile
+                return self._existing(manifest, exc)
             if exc.not_found and manifest["kind"] not in ("Job", "Service"):
                 raise kube.ApiError(
                     404,
@@ -496,6 +498,22 @@ class Controller:
                     f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: {exc.message}"
                 ) from exc
             raise
+
+    def _existing(self, manifest: dict[str, Any], exc: kube.ApiError) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        existing = self.kube.get(
+            manifest["kind"], meta["namespace"], meta["name"], manifest.get("apiVersion")
+        )
+        owner = observe.controller_uid(manifest)
+        if existing is not None and owner and observe.controlled_by(existing, owner):
+            return existing
+        holder = "is being deleted"
+        if existing is not None:
+            controller = observe.controller_uid(existing) or "nothing"
+            holder = f"is controlled by {controller}, not by this TrainingJob ({owner})"
+        raise kube.ApiError(
+            409, "AlreadyExists", f"{manifest['kind']} {meta['name']} already exists and {holder}", exc.body
+        ) from exc
 
     def _report_failed_create(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> None:
         """Record why creating children failed, guarded like every status write by the version the plan

@@ -45,6 +45,15 @@ class Deletion:
     kind: Literal["Job", "Service"]
     name: str
     propagation: Propagation = "Background"
+    uid: str | None = None
+    """The uid of the object as observed: the shell deletes only that object (a uid precondition), never
+    a namesake created since the observation."""
+
+
+def _deletion(
+    kind: Literal["Job", "Service"], obj: Mapping[str, Any], propagation: Propagation = "Background"
+) -> Deletion:
+    return Deletion(kind, obj["metadata"]["name"], propagation, obj["metadata"].get("uid"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +65,8 @@ class Event:
 
 @dataclasses.dataclass
 class Observed:
-    """The TrainingJob and its children as read from the API (children already filtered by owner uid)."""
+    """The TrainingJob and the children it controls (controller ownerReference with its uid), as read
+    from the API; `from_objects` sorts out the rest."""
 
     name: str
     namespace: str
@@ -69,21 +79,30 @@ class Observed:
     """The gang-scheduling PodGroup, when spec.gangScheduling asks for one and it exists."""
     jobs: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] = ()
+    taken: Sequence[tuple[str, str]] = ()
+    """(kind, name) of children filed under this TrainingJob's name that another object controls, such as
+    a deleted namesake's not yet garbage-collected: those names are not free to create."""
 
     @classmethod
     def from_objects(
         cls,
         body: Mapping[str, Any],
         *,
-        service: Mapping[str, Any] | None,
+        services: Sequence[Mapping[str, Any]],
         jobs: Sequence[Mapping[str, Any]],
         pods: Sequence[Mapping[str, Any]],
         pod_group: Mapping[str, Any] | None = None,
     ) -> Observed:
+        """Keep the children this TrainingJob controls; note the names others hold."""
         meta = body.get("metadata", {})
         uid = meta.get("uid", "")
-        own_jobs = [j for j in jobs if observe.owned_by(j, uid)]
+        own_jobs = [j for j in jobs if observe.controlled_by(j, uid)]
         job_uids = {j.get("metadata", {}).get("uid") for j in own_jobs}
+        others = [("Service", s) for s in services if not observe.controlled_by(s, uid)]
+        others += [("Job", j) for j in jobs if not observe.controlled_by(j, uid)]
+        if pod_group is not None and not observe.controlled_by(pod_group, uid):
+            others.append(("PodGroup", pod_group))
+            pod_group = None
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", "default"),
@@ -91,11 +110,12 @@ class Observed:
             spec=body.get("spec") or {},
             status=body.get("status") or {},
             generation=meta.get("generation"),
-            service=service if service is None or observe.owned_by(service, uid) else None,
-            pod_group=pod_group if pod_group is None or observe.owned_by(pod_group, uid) else None,
+            service=next((s for s in services if observe.controlled_by(s, uid)), None),
+            pod_group=pod_group,
             jobs=own_jobs,
             # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
-            pods=[p for p in pods if any(observe.owned_by(p, u) for u in job_uids if u)],
+            pods=[p for p in pods if observe.controller_uid(p) in job_uids],
+            taken=[(kind, _name(obj)) for kind, obj in others],
         )
 
 
@@ -165,9 +185,9 @@ def _cleanup(
         if _is_deleting(job):
             continue
         if policy == "All" or _name(job) in running or observe.worker_key(job) is None:
-            out.append(Deletion("Job", _name(job), "Background"))
+            out.append(_deletion("Job", job))
     if policy == "All" and service is not None and not _is_deleting(service):
-        out.append(Deletion("Service", names.service_name(job_name), "Background"))
+        out.append(_deletion("Service", service))
     return out
 
 
@@ -192,7 +212,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             status["completionTime"] = st.timestamp(now)
             out.events.append(Event("Warning", "InvalidSpec", message))
             out.transitions.append("failed")
-        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j) for j in obs.jobs if not _is_deleting(j)]
         return out
 
     workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
@@ -203,7 +223,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     if phase in api.TERMINAL_PHASES:
         out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
         out.delete += [
-            Deletion("Job", _name(j))
+            _deletion("Job", j)
             for j in stale
             if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
         ]
@@ -236,7 +256,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         current = [j for j in obs.jobs if j not in stale]
         if current:
             status["restartAttempt"] = attempt + 1
-        out.delete += [Deletion("Job", _name(j), "Foreground") for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
         status["startTime"] = None
         status["pendingReason"] = None
         status["pendingMessage"] = None
@@ -270,22 +290,15 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     waiting = []
     for job in stale:
         if not _is_deleting(job):
-            out.delete.append(Deletion("Job", _name(job), "Foreground"))
+            out.delete.append(_deletion("Job", job, "Foreground"))
             waiting.append(job)
         else:
             since = observe.parse_time(job["metadata"]["deletionTimestamp"])
             if since is None or _seconds_between(since, now) < defaults.stale_grace_seconds:
                 waiting.append(job)
     if waiting:
-        restarting = st.is_true(status, "Restarting")
-        status["pendingReason"] = "WaitingForOldWorkers"
-        status["pendingMessage"] = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
-        status["workers"] = st.worker_counts(workers)
-        status["workersReady"] = f"0/{spec.workers}"
-        if not restarting and status.get("phase") != "Pending":
-            st.enter_phase(status, "Pending", "Pending", status["pendingMessage"], now)
-        out.requeue_after = WAIT_SECONDS
-        return out
+        message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+        return _wait_for_old_workers(out, message, workers, spec.workers, now)
 
     # 6. Failure and success policies.
     decision = failure.decide(spec, workers, restarts)
@@ -300,7 +313,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
         out.events.append(Event("Warning", "Restarting", decision.message))
         out.transitions.append("restarted")
-        out.delete += [Deletion("Job", _name(j), "Foreground") for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
         out.requeue_after = WAIT_SECONDS
         return out
     if decision.action == "succeed":
@@ -331,6 +344,18 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         out.create.append(pod_group)  # before the Jobs, so no worker pod waits for a missing group
     missing = [w for w in workers if w.phase == "missing"]
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
+    taken = set(obs.taken)
+    blocked = [f"{m['kind']} {m['metadata']['name']}" for m in out.create if (m["kind"], _name(m)) in taken]
+    if blocked:
+        # A namesake deleted with background propagation leaves its children to the garbage collector:
+        # create nothing (a 409 would not be ours) until its objects are gone.
+        out.create = []
+        more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
+        message = (
+            f"waiting for {', '.join(blocked[:3])}{more}, which another object controls (an earlier "
+            f"TrainingJob named {obs.name} still being deleted?), to be deleted"
+        )
+        return _wait_for_old_workers(out, message, workers, spec.workers, now)
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
@@ -384,6 +409,21 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         started = observe.parse_time(status["startTime"]) or now
         requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
     out.requeue_after = requeue
+    return out
+
+
+def _wait_for_old_workers(
+    out: Plan, message: str, workers: Sequence[observe.Worker], size: int, now: datetime
+) -> Plan:
+    """Create nothing until old objects are gone; say so (quietly: they usually go within seconds)."""
+    status = out.status
+    status["pendingReason"] = "WaitingForOldWorkers"
+    status["pendingMessage"] = message
+    status["workers"] = st.worker_counts(workers)
+    status["workersReady"] = f"0/{size}"
+    if not st.is_true(status, "Restarting") and status.get("phase") != "Pending":
+        st.enter_phase(status, "Pending", "Pending", message, now)
+    out.requeue_after = WAIT_SECONDS
     return out
 
 

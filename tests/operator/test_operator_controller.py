@@ -305,11 +305,68 @@ def test_a_whole_lifecycle_with_one_restart_never_duplicates_a_child() -> None:
     assert ctl.metrics.succeeded.labels(namespace=NS)._value.get() == 1
 
 
-def test_children_that_already_exist_are_fine() -> None:
+def test_children_this_trainingjob_created_before_are_recognised_when_they_already_exist() -> None:
+    """An earlier reconcile created them but the cache never saw them (killed before the watch caught
+    up): a 409 on a child this TrainingJob controls is success."""
     fake = _fake_with_job()
-    fake.fail_create["demo-r0-w1"] = kube.ApiError(409, "AlreadyExists", "exists")
     _controller(fake).reconcile(NS, "demo")
-    assert fake.status()["phase"] == "Pending"
+    fake.creations.clear()
+    fake.cache = ClusterCache()  # a restarted operator whose cache has not seen the children yet
+    fake.cache.observe(fake.objects[(constants.KIND, NS, "demo")])
+    _controller(fake).reconcile(NS, "demo")
+    assert fake.creations == []
+    assert fake.status()["phase"] == "Pending" and fake.status().get("pendingReason") != "FailedCreate"
+
+
+def _namesake_children(fake: FakeKube) -> None:
+    """A TrainingJob `demo` deleted (background) and applied again: its children await collection."""
+    old = FakeKube()
+    old.objects[(constants.KIND, NS, "demo")] = trainingjob()
+    old.objects[(constants.KIND, NS, "demo")]["metadata"]["uid"] = "uid-of-the-deleted-namesake"
+    old.cache.observe(old.objects[(constants.KIND, NS, "demo")])
+    _controller(old).reconcile(NS, "demo")
+    for (kind, _ns, _name), obj in old.objects.items():
+        if kind != constants.KIND:
+            fake.put(obj)
+
+
+def test_after_delete_and_apply_the_new_trainingjob_waits_for_its_namesakes_children() -> None:
+    fake = _fake_with_job()
+    _namesake_children(fake)
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    assert fake.creations == []
+    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
+    assert fake.status()["pendingReason"] == "WaitingForOldWorkers"
+    for key in [k for k in fake.objects if k[0] != constants.KIND]:  # the garbage collector
+        fake._watch(fake.objects.pop(key), deleted=True)
+    ctl.reconcile(NS, "demo")
+    assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
+    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
+
+
+def test_a_child_name_held_by_an_object_this_trainingjob_does_not_control_is_reported_not_claimed() -> None:
+    fake = _fake_with_job()
+    fake.watch_paused = True  # an unrelated Job the operator does not watch
+    fake.put({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "demo-r0-w1", "namespace": NS}})
+    fake.watch_paused = False
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None  # retried with backoff
+    assert fake.status()["pendingReason"] == "FailedCreate"
+    assert "Job demo-r0-w1 already exists" in fake.status()["pendingMessage"]
+    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
+
+
+def test_a_ttl_deletion_planned_from_a_stale_read_never_deletes_a_namesake() -> None:
+    fake = FakeKube()
+    finished = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    fake.put(trainingjob(spec={"trainer": {}, "runPolicy": {"ttlSecondsAfterFinished": 0}}, status=finished))
+    fake.watch_paused = True  # deleted and applied again; the operator's cache still holds the old one
+    namesake = trainingjob()
+    namesake["metadata"]["uid"] = "uid-of-the-new-namesake"
+    fake.put(namesake)
+    _controller(fake).reconcile(NS, "demo")
+    assert fake.objects[(constants.KIND, NS, "demo")]["metadata"]["uid"] == "uid-of-the-new-namesake"
 
 
 def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None:

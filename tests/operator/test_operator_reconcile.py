@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubetrain_operator import reconcile
 from kubetrain_operator import status as st
-from operator_fakes import command_spec, job, observed, pod, trainer_spec
+from operator_fakes import command_spec, job, observed, pod, service, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -453,10 +453,11 @@ def test_observed_generation_is_recorded() -> None:
 
 
 def test_children_of_another_trainingjob_with_the_same_name_are_ignored() -> None:
-    foreign = job(0)
+    foreign = job(0, attempt=3)
     foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     p = _plan(status={}, jobs=[foreign])
     assert _created(p) == ["demo-r0-w0", "demo-r0-w1"]
+    assert p.delete == []
 
 
 def test_custom_command_jobs_are_planned_too() -> None:
@@ -489,3 +490,52 @@ def test_gang_scheduled_jobs_get_their_pod_group_before_the_workers() -> None:
         ("Job", "demo-r0-w0"),
         ("Job", "demo-r0-w1"),
     ]
+
+
+def _from_namesake(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as left by a deleted TrainingJob of the same name (another uid), not yet garbage-collected."""
+    obj["metadata"]["ownerReferences"][0]["uid"] = "uid-of-the-deleted-namesake"
+    return obj
+
+
+def test_a_namesakes_leftover_children_are_waited_for_and_never_counted_as_created() -> None:
+    p = reconcile.plan(
+        reconcile.Observed.from_objects(
+            trainingjob(status={}),
+            services=[_from_namesake(service())],
+            jobs=[_from_namesake(job(0)), _from_namesake(job(1))],
+            pods=[],
+        ),
+        NOW,
+    )
+    assert p.create == []
+    assert p.status["pendingReason"] == "WaitingForOldWorkers"
+    assert "Service demo" in p.status["pendingMessage"] and "Job demo-r0-w0" in p.status["pendingMessage"]
+    assert _cond(p, "Created") is None and "CreatedWorkers" not in [e.reason for e in p.events]
+    assert p.requeue_after == reconcile.WAIT_SECONDS
+
+
+def test_a_job_that_names_the_trainingjob_as_owner_but_not_as_controller_is_not_a_worker() -> None:
+    borrowed = job(0)
+    borrowed["metadata"]["ownerReferences"][0]["controller"] = False
+    p = _plan(status=STARTED, jobs=[borrowed, job(1)], pods=[pod(1, phase="Running")])
+    assert p.status["workers"]["active"] == 1
+    assert "demo-r0-w0" in p.status["pendingMessage"]
+
+
+def test_every_deletion_names_the_uid_of_the_object_it_was_planned_from() -> None:
+    suspended = _plan(spec=trainer_spec(runPolicy={"suspend": True}), status=STARTED, jobs=[job(0), job(1)])
+    restart = _plan(
+        status=STARTED,
+        jobs=[job(0), job(1)],
+        pods=[pod(0, phase="Running"), pod(1, phase="Failed", exit_code=11)],
+    )
+    finished = dict(STARTED, phase="Succeeded", completionTime="2026-01-01T00:50:00Z")
+    cleanup = _plan(spec=trainer_spec(runPolicy={"cleanPodPolicy": "All"}), status=finished, jobs=[job(0)])
+    for p in (suspended, restart, cleanup):
+        assert p.delete
+        assert {(d.name, d.uid) for d in p.delete} <= {
+            ("demo-r0-w0", "job-0-0"),
+            ("demo-r0-w1", "job-0-1"),
+            ("demo", "svc-uid"),
+        }
