@@ -403,7 +403,7 @@ class Controller:
             self.kube.delete(constants.KIND, namespace, name, "Background", uid)
         if outcome.invalid is None and plan.status.get("phase") == "Failed":
             reason = (st.get_condition(plan.status, "Failed") or {}).get("reason")
-            if reason == "InvalidSpec":
+            if reason in reconcile.REFUSAL_REASONS:
                 outcome.invalid = plan.status.get("message")
         self.metrics.record(namespace, plan.transitions)
         phase = plan.status.get("phase")

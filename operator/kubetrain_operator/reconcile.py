@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubetrain_operator import api, builders, failure, names, observe
+from kubetrain_operator import admission, api, builders, failure, names, observe
 from kubetrain_operator import status as st
 
 STALE_GRACE_SECONDS = 120.0
@@ -145,6 +145,7 @@ class Defaults:
     service_account: str | None = None
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
+    policy: admission.Policy = dataclasses.field(default_factory=admission.Policy)
 
 
 def spec_error(exc: pydantic.ValidationError) -> str:
@@ -202,18 +203,19 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     out = Plan(status=status)
     phase = status.get("phase")
 
-    # 1. An invalid spec (the CRD's rules were bypassed or the trainer's own checks refuse it) fails the job.
+    # 1. A spec the operator refuses: invalid (the CRD's rules were bypassed, or this operator's checks are
+    # stricter than those of the one that accepted it) or not allowed by the operator's flags.
     try:
         spec = api.TrainingJobSpec.model_validate(dict(obs.spec))
     except pydantic.ValidationError as exc:
-        message = f"invalid spec: {spec_error(exc)}"
-        if phase != "Failed":
-            st.enter_phase(status, "Failed", "InvalidSpec", message, now)
-            status["completionTime"] = st.timestamp(now)
-            out.events.append(Event("Warning", "InvalidSpec", message))
-            out.transitions.append("failed")
-        out.delete += [_deletion("Job", j) for j in obs.jobs if not _is_deleting(j)]
-        return out
+        return _refuse(obs, out, "InvalidSpec", f"invalid spec: {spec_error(exc)}", now)
+    refused = admission.refusal(spec, defaults.policy)
+    if refused is not None:
+        return _refuse(obs, out, "NotAllowed", refused, now)
+    if st.is_true(status, "SpecRefused"):
+        st.set_condition(
+            status, "SpecRefused", False, "SpecAccepted", "the spec passes the operator's checks", now
+        )
 
     workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
     stale = observe.stale_jobs(attempt, obs.jobs)
@@ -409,6 +411,34 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         started = observe.parse_time(status["startTime"]) or now
         requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
     out.requeue_after = requeue
+    return out
+
+
+REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")
+
+
+def _refuse(obs: Observed, out: Plan, reason: str, message: str, now: datetime) -> Plan:
+    """A job never started fails (nothing exists to lose). One the operator already accepted is held: an
+    operator upgrade or a flag change must never kill running work, so its workers are left as they are
+    and nothing is created or deleted for it; the SpecRefused condition and one Warning event say why,
+    until the spec passes again (an edit, or the operator rolled back) and the job carries on."""
+    status = out.status
+    if status.get("phase") is None and not obs.jobs:
+        st.enter_phase(status, "Failed", reason, message, now)
+        status["completionTime"] = st.timestamp(now)
+        out.events.append(Event("Warning", reason, message))
+        out.transitions.append("failed")
+        return out
+    failed = st.get_condition(status, "Failed") or {}
+    if status.get("phase") == "Failed" and failed.get("reason") in REFUSAL_REASONS:
+        return out  # refused before it started: said then
+    held = (
+        f"{message}; the workers are left running as they are and the operator creates or deletes "
+        "nothing for this TrainingJob until its spec passes again (edit the field, or roll the operator "
+        "back)"
+    )
+    if st.set_condition(status, "SpecRefused", True, reason, held, now):
+        out.events.append(Event("Warning", reason, held))
     return out
 
 

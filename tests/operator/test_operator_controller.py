@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, informer, kube, reconcile
+from kubetrain_operator import admission, constants, informer, kube, reconcile
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -694,3 +694,20 @@ def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob
     ctl.trigger(NS, "demo")
     assert fake.calls.count("patch status") == 2
     assert [e["reason"] for e in fake.events].count("StatusRefused") == 2
+
+
+def test_a_job_asking_for_what_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no_children() -> (
+    None
+):
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "serviceAccountName": "cluster-admin-sa"})
+    ctl = _controller(fake)
+    ctl.defaults = reconcile.Defaults(
+        policy=admission.Policy(service_accounts=frozenset({"kubetrain-worker"}))
+    )
+    outcome = ctl.reconcile(NS, "demo")
+    assert fake.creations == []
+    assert fake.status()["phase"] == "Failed"
+    assert outcome.invalid is not None and "--allowed-service-accounts=kubetrain-worker" in outcome.invalid
+    warning = fake.events[-1]
+    assert (warning["type"], warning["reason"]) == ("Warning", "NotAllowed")
+    assert "spec.serviceAccountName 'cluster-admin-sa'" in warning["message"]
