@@ -598,17 +598,23 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
 
+    def annotation_patch(key: str, value: str) -> str:
+        """A merge patch of one annotation, sent by `kubectl patch` as is (no read first: workers may not
+        get pods, so `kubectl annotate`, which reads, would be refused by RBAC before admission)."""
+        return json.dumps({"metadata": {"annotations": {key: value}}})
+
     # Policies take effect asynchronously after install: wait with a server-side dry run (admission
     # runs, nothing is stored) until the policy refuses a change to the neighbour's pod.
     wait_for(
         lambda: (
             as_worker(
-                "annotate", "pod", "pod-b", f"{contract.PROGRESS_ANNOTATION}={{}}", "--dry-run=server"
+                "patch", "pod", "pod-b", "--type=merge", "--dry-run=server",
+                "-p", annotation_patch(contract.PROGRESS_ANNOTATION, "{}"),
             ).returncode
             != 0
         ),
         "the admission policy to take effect",
-    )
+    )  # fmt: skip
     assert annotator("pod-b").patch(record) is False
     assert annotator("pod-a").patch(record) is True
     pod_a = get_json(cluster, "pod", "pod-a", "-n", other_namespace)
@@ -616,9 +622,20 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
     pod_b = get_json(cluster, "pod", "pod-b", "-n", other_namespace)
     assert contract.PROGRESS_ANNOTATION not in pod_b["metadata"]["annotations"]
 
+    label = json.dumps({"metadata": {"labels": {"kubetrain.io/job-name": "other"}}})
     refused = {
-        "another annotation": ("annotate", "pod", "pod-a", "team=hijacked", "--overwrite"),
-        "a label": ("label", "pod", "pod-a", "kubetrain.io/job-name=other"),
+        "another annotation": (
+            "patch",
+            "pod",
+            "pod-a",
+            "--type=merge",
+            "-p",
+            annotation_patch("team", "hijacked"),
+        ),
+        "a label": ("patch", "pod", "pod-a", "--type=merge", "-p", label),
+        "reading its neighbour's pod spec": ("get", "pod", "pod-b", "-o", "yaml"),
+        "reading its own pod": ("get", "pod", "pod-a"),
+        "listing pods": ("get", "pods"),
         "deleting its pod": ("delete", "pod", "pod-a", "--wait=false"),
         "reading Secrets": ("get", "secrets"),
         "creating pods": ("run", "miner", "--image=miner"),
