@@ -3,8 +3,9 @@
 Level-based: every call derives what should exist from the spec, the previous status (which records the
 decisions already taken: restart attempt, restarts, start and completion times) and what exists, so the
 shell can run it after any crash. The shell executes a plan in this order: status patch first (so a
-decision such as "restart attempt 2" is durable before its effects), then deletions, then creations
-(which tolerate 409 AlreadyExists), then events.
+decision such as "restart attempt 2" is durable before its effects), then deletions (each guarded by the
+uid it was planned from), then creations (which tolerate 409 AlreadyExists for objects this TrainingJob
+controls), then events.
 
 Restart protocol: a failure bumps status.restartAttempt and deletes the old attempt's Jobs (Foreground,
 so their pods go first); the new attempt's Jobs (new names) are created once the old Jobs are gone, or
@@ -175,7 +176,6 @@ def _cleanup(
     workers: Sequence[observe.Worker],
     jobs: Sequence[Mapping[str, Any]],
     service: Any,
-    job_name: str,
 ) -> list[Deletion]:
     """What cleanPodPolicy removes once the job finished (or is failing)."""
     if policy == "None":
@@ -223,7 +223,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 
     # 2. Finished: clean up, then wait for the TTL.
     if phase in api.TERMINAL_PHASES:
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         out.delete += [
             _deletion("Job", j)
             for j in stale
@@ -248,7 +248,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         st.record_workers(status, workers, spec.workers)
         out.events.append(Event("Warning", reason, message))
         out.transitions.append("failed")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         if spec.run_policy.ttl_seconds_after_finished is not None:
             out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
         return out
@@ -326,7 +326,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         status["pendingMessage"] = None
         out.events.append(Event("Normal", "Succeeded", decision.message))
         out.transitions.append("succeeded")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         if spec.run_policy.ttl_seconds_after_finished is not None:
             out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
         return out
@@ -354,8 +354,9 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         out.create = []
         more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
         message = (
-            f"waiting for {', '.join(blocked[:3])}{more}, which another object controls (an earlier "
-            f"TrainingJob named {obs.name} still being deleted?), to be deleted"
+            f"waiting for {', '.join(blocked[:3])}{more} to be deleted: another object controls them "
+            f"(usually an earlier TrainingJob named {obs.name}, whose children the garbage collector has "
+            "not removed yet)"
         )
         return _wait_for_old_workers(out, message, workers, spec.workers, now)
     if missing:
@@ -433,9 +434,9 @@ def _refuse(obs: Observed, out: Plan, reason: str, message: str, now: datetime) 
     if status.get("phase") == "Failed" and failed.get("reason") in REFUSAL_REASONS:
         return out  # refused before it started: said then
     held = (
-        f"{message}; the workers are left running as they are and the operator creates or deletes "
-        "nothing for this TrainingJob until its spec passes again (edit the field, or roll the operator "
-        "back)"
+        f"{message}; its workers are left as they are (running ones keep running) and the operator "
+        "creates or deletes nothing for this TrainingJob until its spec passes again (edit the field, or "
+        "roll the operator back)"
     )
     if st.set_condition(status, "SpecRefused", True, reason, held, now):
         out.events.append(Event("Warning", reason, held))

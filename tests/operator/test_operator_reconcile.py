@@ -486,7 +486,7 @@ def test_a_running_job_whose_spec_stops_passing_is_held_with_its_workers_left_ru
     assert p.status["phase"] == "Running" and p.delete == [] and p.create == []
     held = _cond(p, "SpecRefused")
     assert held["status"] == "True" and held["reason"] == reason
-    assert "left running" in held["message"]
+    assert "running ones keep running" in held["message"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
     again = reconcile.plan(observed(spec, status=p.status, **running), NOW, defaults)
     assert again.events == [] and again.status == p.status  # said once; nothing else happens
