@@ -696,9 +696,7 @@ def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob
     assert [e["reason"] for e in fake.events].count("StatusRefused") == 2
 
 
-def test_a_job_asking_for_what_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no_children() -> (
-    None
-):
+def test_a_job_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no_children() -> None:
     fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "serviceAccountName": "cluster-admin-sa"})
     ctl = _controller(fake)
     ctl.defaults = reconcile.Defaults(
