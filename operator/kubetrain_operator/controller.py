@@ -544,8 +544,8 @@ class Controller:
         or says anything again)."""
         meta = body["metadata"]
         failed = st.get_condition(plan.status, "Failed") or {}
-        if plan.status.get("phase") == "Failed" and failed.get("reason") == "InvalidSpec":
-            reason = "InvalidSpec"
+        if plan.status.get("phase") == "Failed" and failed.get("reason") in reconcile.REFUSAL_REASONS:
+            reason = failed["reason"]
             message = f"{plan.status.get('message')} (the API server refuses to store status: {exc.message})"
         else:
             reason = "StatusRefused"
