@@ -265,8 +265,8 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         status["workers"] = st.worker_counts(())
         status["workersReady"] = f"0/{spec.workers}"
         message = (
-            f"suspended: {len(current)} worker Jobs deleted"
-            if current
+            f"suspended: deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
+            if obs.jobs
             else "suspended: no workers are running"
         )
         if st.enter_phase(status, "Suspended", "Suspended", message, now):

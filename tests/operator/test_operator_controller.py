@@ -640,7 +640,9 @@ def test_a_quick_resume_waits_until_the_suspended_workers_pods_are_gone() -> Non
     fake.gc_paused = True  # the pods take their grace period to terminate
     fake.edit_spec(runPolicy={"suspend": True})
     ctl.reconcile(NS, "demo")
+    ctl.reconcile(NS, "demo")
     assert fake.status()["phase"] == "Suspended"
+    assert "deleting 2 worker Jobs and waiting for their pods" in fake.status()["message"]
     fake.edit_spec(runPolicy={"suspend": False})
     ctl.reconcile(NS, "demo")
     assert [name for _, name in fake.creations if name.startswith("demo-r1-")] == []
