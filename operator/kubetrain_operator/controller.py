@@ -401,10 +401,9 @@ class Controller:
         self._post_plan_events(body, plan)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background", uid)
-        if outcome.invalid is None and plan.status.get("phase") == "Failed":
-            reason = (st.get_condition(plan.status, "Failed") or {}).get("reason")
-            if reason in reconcile.REFUSAL_REASONS:
-                outcome.invalid = plan.status.get("message")
+        verdict = reconcile.refusal_verdict(plan.status)
+        if outcome.invalid is None and verdict is not None:
+            outcome.invalid = verdict.get("message")
         self.metrics.record(namespace, plan.transitions)
         phase = plan.status.get("phase")
         with self._lock:
@@ -543,10 +542,10 @@ class Controller:
         (nothing is rescheduled, and until the object's resourceVersion changes no reconcile of it writes
         or says anything again)."""
         meta = body["metadata"]
-        failed = st.get_condition(plan.status, "Failed") or {}
-        if plan.status.get("phase") == "Failed" and failed.get("reason") in reconcile.REFUSAL_REASONS:
-            reason = failed["reason"]
-            message = f"{plan.status.get('message')} (the API server refuses to store status: {exc.message})"
+        verdict = reconcile.refusal_verdict(plan.status)
+        if verdict is not None:  # the operator refuses the spec too: say why, naming the field
+            reason = verdict["reason"]
+            message = f"{verdict.get('message')} (the API server refuses to store status: {exc.message})"
         else:
             reason = "StatusRefused"
             message = f"the API server refuses to store this TrainingJob's status: {exc.message}"

@@ -418,6 +418,18 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")
 
 
+def refusal_verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The condition saying the operator refuses the spec (Failed before the job started, or SpecRefused
+    after), with its reason and message; None when it does not."""
+    held = st.get_condition(dict(status), "SpecRefused")
+    if held is not None and held.get("status") == "True":
+        return held
+    failed = st.get_condition(dict(status), "Failed")
+    if status.get("phase") == "Failed" and failed is not None and failed.get("reason") in REFUSAL_REASONS:
+        return failed
+    return None
+
+
 def _refuse(obs: Observed, out: Plan, reason: str, message: str, now: datetime) -> Plan:
     """A job never started fails (nothing exists to lose). One the operator already accepted is held: an
     operator upgrade or a flag change must never kill running work, so its workers are left as they are

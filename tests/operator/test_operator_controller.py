@@ -711,3 +711,19 @@ def test_a_job_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no
     warning = fake.events[-1]
     assert (warning["type"], warning["reason"]) == ("Warning", "NotAllowed")
     assert "spec.serviceAccountName 'cluster-admin-sa'" in warning["message"]
+
+
+def test_a_running_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_status_is_refused() -> None:
+    """After an upgrade the stored spec may fail both this operator's checks and the CRD's (so every
+    write to it is refused): the workers stay, and the one Warning names the field."""
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.edit_spec(trainer={"epochs": "many"})
+    fake.fail_patch.append(kube.ApiError(422, "Invalid", "spec.trainer.epochs: Invalid value"))
+    outcome = ctl.reconcile(NS, "demo")
+    assert [c for c in fake.calls if c.startswith("delete")] == []
+    assert {("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")} <= {(k, n) for k, _, n in fake.objects}
+    warning = fake.events[-1]
+    assert (warning["type"], warning["reason"]) == ("Warning", "InvalidSpec")
+    assert "spec.trainer.epochs" in warning["message"] and outcome.invalid == warning["message"]
