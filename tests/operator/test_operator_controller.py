@@ -713,9 +713,7 @@ def test_a_job_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no
     assert "spec.serviceAccountName 'cluster-admin-sa'" in warning["message"]
 
 
-def test_a_running_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_status_is_refused() -> (
-    None
-):
+def test_a_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_status_is_refused() -> None:
     """After an upgrade the stored spec may fail both this operator's checks and the CRD's (so every
     write to it is refused): the workers stay, and the one Warning names the field."""
     fake = _fake_with_job()
