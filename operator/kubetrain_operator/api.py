@@ -398,8 +398,9 @@ class RunPolicy(_Model):
         False,
         description=(
             "suspend true deletes the workers (their progress lives only in checkpoints) and reports phase "
-            "Suspended; setting it back to false recreates them as a new restart attempt without using the "
-            "restart budget, and restarts the activeDeadlineSeconds clock. Queueing systems such as Kueue "
+            "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
+            "workers' pods are gone, without using the restart budget, and restarts the "
+            "activeDeadlineSeconds clock. Queueing systems such as Kueue "
             "create jobs suspended and admit them by setting false. Default false. Mutable."
         ),
     )

@@ -91,8 +91,9 @@ class FakeKube:
         self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
     ) -> None:
         """Like `kube.Kube.delete`: gone or replaced by a namesake (uid precondition) is success. The
-        garbage collector is modelled: Background removes the object now and its pods later, Foreground
-        keeps a Job (deletionTimestamp set) until its pods are gone."""
+        garbage collector is modelled: Background removes the object now and its pods with it, or, while
+        `gc_paused`, at `collect_garbage`; Foreground then keeps the Job (deletionTimestamp set) until
+        its pods are gone."""
         self.calls.append(f"delete {kind} {name} {propagation}")
         obj = self.objects.get((kind, namespace, name))
         if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
