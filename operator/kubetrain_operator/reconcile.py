@@ -350,13 +350,14 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     blocked = [f"{m['kind']} {m['metadata']['name']}" for m in out.create if (m["kind"], _name(m)) in taken]
     if blocked:
         # A namesake deleted with background propagation leaves its children to the garbage collector:
-        # create nothing (a 409 would not be ours) until its objects are gone.
+        # create nothing (a 409 would not be ours) until its objects are gone. Orphans are not adopted
+        # (that would take patch rights on Jobs and Services); the message says to delete them.
         out.create = []
         more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
         message = (
-            f"waiting for {', '.join(blocked[:3])}{more} to be deleted: another object controls them "
-            f"(usually an earlier TrainingJob named {obs.name}, whose children the garbage collector has "
-            "not removed yet)"
+            f"waiting for {', '.join(blocked[:3])}{more} to be deleted: this TrainingJob does not control "
+            f"them (usually an earlier TrainingJob named {obs.name}, whose children the garbage collector "
+            "has not removed yet, does; delete them if they were orphaned)"
         )
         return _wait_for_old_workers(out, message, workers, spec.workers, now)
     if missing:
