@@ -4,7 +4,8 @@ Layers, each importing only the ones above it:
 
 - `constants`, `api` (the pydantic models: the one source of truth for the CRD), `names`;
 - `builders` (pure child manifests), `observe` (pure reading of child objects), `failure`, `status`,
-  `reconcile` (the pure planner: spec + observed children -> actions);
+  `admission` (what the operator's flags let a spec ask for), `reconcile` (the pure planner: spec +
+  observed children -> actions);
 - `crdgen` (CRD YAML from the models), `metrics`;
 - `handlers` (the thin kopf shell that executes plans), `main` (operator settings and start), `cli`.
 

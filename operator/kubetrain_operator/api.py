@@ -83,8 +83,16 @@ MAX_RESTARTS = 1000
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL_PHASES = ("Succeeded", "Failed")
-ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
-CONDITION_TYPES: tuple[str, ...] = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "SpecRefused"]
+CONDITION_TYPES: tuple[str, ...] = (
+    "Created",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+    "SpecRefused",
+)
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -390,8 +398,9 @@ class RunPolicy(_Model):
         False,
         description=(
             "suspend true deletes the workers (their progress lives only in checkpoints) and reports phase "
-            "Suspended; setting it back to false recreates them as a new restart attempt without using the "
-            "restart budget, and restarts the activeDeadlineSeconds clock. Queueing systems such as Kueue "
+            "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
+            "workers' pods are gone, without using the restart budget, and restarts the "
+            "activeDeadlineSeconds clock. Queueing systems such as Kueue "
             "create jobs suspended and admit them by setting false. Default false. Mutable."
         ),
     )
@@ -759,7 +768,12 @@ class TrainingJobSpec(_Model):
 
 class Condition(_Model):
     type: ConditionType = Field(
-        ..., description="type is Created, Running, Restarting, Succeeded, Failed or Suspended."
+        ...,
+        description=(
+            "type is Created, Running, Restarting, Succeeded, Failed, Suspended or SpecRefused (True while "
+            "the operator refuses the spec of a job it had accepted: reason InvalidSpec or NotAllowed; its "
+            "workers are left running and nothing is created or deleted for it until the spec passes)."
+        ),
     )
     status: Literal["True", "False", "Unknown"] = Field(..., description="status is True, False or Unknown.")
     reason: str | None = Field(None, description="reason is a CamelCase word saying why, e.g. WorkerFailed.")
@@ -819,7 +833,8 @@ class TrainingJobStatus(_Model):
     conditions: list[Condition] | None = Field(
         None,
         description=(
-            "conditions are Created, Running, Restarting, Succeeded, Failed and Suspended, with reasons."
+            "conditions are Created, Running, Restarting, Succeeded, Failed, Suspended and SpecRefused, "
+            "with reasons."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

@@ -14,7 +14,8 @@ group's workers as missing and its status go backwards).
 Stale reads are safe: the cache trails the API server by the watch delay, and every write guards itself.
 Status patches carry the TrainingJob's resourceVersion (a decision taken on an old read fails with 409
 and is planned again), creations use deterministic names (a repeated create fails with 409
-AlreadyExists), deletions tolerate 404. The controller also records the objects its own writes return
+AlreadyExists, and counts as done only for an object this TrainingJob controls), deletions tolerate 404
+and carry the uid they were planned from. The controller also records the objects its own writes return
 (`observe` again), so the reconcile after a write does not repeat it while the watch event is on its way;
 of two copies of an object the one with the higher resourceVersion wins.
 

@@ -3,6 +3,7 @@
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
                        [--liveness URL] [--peering NAME --priority N | --leader-elect]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
+                       [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
@@ -18,6 +19,22 @@ import sys
 from pathlib import Path
 
 TRAINER_COMMANDS = ("train", "evaluate", "predict")
+
+
+def _comma_list(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _volume_types(value: str) -> list[str]:
+    from kubetrain_operator.admission import VOLUME_TYPES
+
+    names = _comma_list(value)
+    unknown = [name for name in names if name not in VOLUME_TYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown volume type {', '.join(unknown)} (known: {', '.join(VOLUME_TYPES)})"
+        )
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +72,22 @@ def _parser() -> argparse.ArgumentParser:
         default=env.worker_service_account,
         help="ServiceAccount for workers of TrainingJobs without spec.serviceAccountName "
         "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account)",
+    )
+    op.add_argument(
+        "--allowed-volume-types",
+        type=_volume_types,
+        default=env.allowed_volume_types,
+        metavar="TYPE,...",
+        help="the spec.storage volume sources TrainingJobs may use, from persistentVolumeClaim, hostPath, "
+        "emptyDir (env KUBETRAIN_ALLOWED_VOLUME_TYPES; default: all; empty: none)",
+    )
+    op.add_argument(
+        "--allowed-service-accounts",
+        type=_comma_list,
+        default=env.allowed_service_accounts,
+        metavar="NAME,...",
+        help="the spec.serviceAccountName values TrainingJobs may use; a job naming none always may "
+        "(env KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS; default: any; empty: none)",
     )
     op.add_argument("--metrics-port", type=int, default=env.metrics_port, help="Prometheus port; 0 disables")
     op.add_argument(
@@ -165,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             leader_elect=args.leader_elect,
             leader_election_namespace=args.leader_election_namespace,
             leader_election_id=args.leader_election_id,
+            allowed_volume_types=args.allowed_volume_types,
+            allowed_service_accounts=args.allowed_service_accounts,
         )
         run(options)
         return 0

@@ -18,8 +18,10 @@ a second later, so a burst of submissions gets all its workers before any of its
 Any other plan writes status first, guarded by the resourceVersion it was planned from (a stale read
 fails with 409 and is planned again instead of overwriting), because its status records a decision (a
 new restart attempt, a terminal phase) that must be durable before its effects: deletions, then
-creations. 409 AlreadyExists on a creation is success, so a retry or a restarted operator never
-creates a duplicate. Events go to a background poster (`events`).
+creations. 409 AlreadyExists on a creation is success when the existing object is controlled by this
+TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate when
+anything else holds the name; deletions name the uid they were planned from, so they never remove a
+namesake created since. Events go to a background poster (`events`).
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class Controller:
         self._wake = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._creators = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="kubetrain-create")
+        self._refused: dict[Key, tuple[str | None, str]] = {}
+        """TrainingJobs whose status the API server refuses -> (the resourceVersion refused, the message):
+        nothing is tried again, and nothing said again, until the object changes."""
 
     # ------------------------------------------------------------ the queue
 
@@ -275,6 +280,7 @@ class Controller:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._active.pop((namespace, name), None)
+            self._refused.pop((namespace, name), None)
             self.metrics.active.set(sum(self._active.values()))
 
     def start(self) -> None:
@@ -346,7 +352,11 @@ class Controller:
             self.forget(namespace, name)
             return Outcome(gone=True)
         uid = body["metadata"].get("uid", "")
-        services = [s for s in self.cache.children(namespace, name, "Service") if observe.owned_by(s, uid)]
+        refused = self._refused.get((namespace, name))
+        if refused is not None:
+            if refused[0] == body["metadata"].get("resourceVersion"):
+                return Outcome(invalid=refused[1])  # any write would be refused again: said once already
+            del self._refused[(namespace, name)]
         pod_group = None
         gang = (body.get("spec") or {}).get("gangScheduling") or {}
         if gang.get("provider") in GANG_APIS:  # rare: not worth a watch, read when asked for
@@ -355,7 +365,7 @@ class Controller:
             )
         observed = reconcile.Observed.from_objects(
             body,
-            service=services[0] if services else None,
+            services=self.cache.children(namespace, name, "Service"),
             jobs=self.cache.children(namespace, name, "Job"),
             pods=self.cache.children(namespace, name, "Pod"),
             pod_group=pod_group,
@@ -378,20 +388,22 @@ class Controller:
                 self._post_plan_events(body, plan)
                 self.schedule((namespace, name), DEFERRED_STATUS_DELAY)
                 return outcome
-        if plan.status_changed(stored) and not self._write_status(body, plan, outcome):
-            return outcome
+        if plan.status_changed(stored):
+            written = self._write_status(body, plan, outcome)
+            if written is None:
+                return outcome
+            body = written  # later writes are guarded by the version this one made
         if not creations_only:
             for deletion in plan.delete:
-                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation)
+                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation, deletion.uid)
             if not self._create_all(body, plan, outcome):
                 return outcome
         self._post_plan_events(body, plan)
         if plan.delete_self:
-            self.kube.delete(constants.KIND, namespace, name, "Background")
-        if outcome.invalid is None and plan.status.get("phase") == "Failed":
-            reason = (st.get_condition(plan.status, "Failed") or {}).get("reason")
-            if reason == "InvalidSpec":
-                outcome.invalid = plan.status.get("message")
+            self.kube.delete(constants.KIND, namespace, name, "Background", uid)
+        verdict = reconcile.refusal_verdict(plan.status)
+        if outcome.invalid is None and verdict is not None:
+            outcome.invalid = verdict.get("message")
         self.metrics.record(namespace, plan.transitions)
         phase = plan.status.get("phase")
         with self._lock:
@@ -414,9 +426,12 @@ class Controller:
             logger.info("%s/%s: %s: %s", *key, event.reason, event.message, extra=about(key, body))
             self._event(key, body, event.type, event.reason, event.message)
 
-    def _write_status(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
-        """Patch the planned status, guarded by the resourceVersion it was planned from. False when the
-        reconcile must stop here (stale read, object gone, or refused: `outcome` says which)."""
+    def _write_status(
+        self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome
+    ) -> dict[str, Any] | None:
+        """Patch the planned status, guarded by the resourceVersion it was planned from; the object as
+        written, or None when the reconcile must stop here (stale read, object gone, or refused: `outcome`
+        says which)."""
         meta = body["metadata"]
         try:
             written = self.kube.patch_status(
@@ -425,17 +440,22 @@ class Controller:
         except kube.ApiError as exc:
             if exc.conflict:  # changed since we read it: the watch brings the news, decide again then
                 plan.requeue_after = CONFLICT_RETRY
-                return False
+                return None
             if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
                 self.cache.forget(body)
                 outcome.gone = True
-                return False
+                return None
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
                 outcome.invalid = self._status_refused(body, plan, exc)
-                return False
+                self._refused[(meta["namespace"], meta["name"])] = (
+                    meta.get("resourceVersion"),
+                    outcome.invalid,
+                )
+                plan.requeue_after = None
+                return None
             raise
         self.cache.observe(written)
-        return True
+        return written
 
     def _create_all(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
         """Create the plan's objects: a gang-scheduling PodGroup first (no worker pod may wait for a
@@ -445,8 +465,7 @@ class Controller:
         try:
             for batch in (first, rest):
                 for created in self._creators.map(self._create, batch):
-                    if created is not None:
-                        self.cache.observe(created)
+                    self.cache.observe(created)
         except InvalidChildError as exc:
             outcome.invalid = self._fail_invalid(body, plan, str(exc))
             return False
@@ -457,13 +476,15 @@ class Controller:
             raise
         return True
 
-    def _create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """The created object, or None when it already existed."""
+    def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The created object, or the existing one when this TrainingJob already created it (an earlier,
+        maybe killed, reconcile). An object of that name that this TrainingJob does not control (a deleted
+        namesake's, not yet collected, or anyone else's) is never claimed: ApiError 409."""
         try:
             return self.kube.create(manifest)
         except kube.ApiError as exc:
             if exc.conflict:
-                return None  # already exists: created by an earlier (maybe killed) reconcile
+                return self._existing(manifest, exc)
             if exc.not_found and manifest["kind"] not in ("Job", "Service"):
                 raise kube.ApiError(
                     404,
@@ -477,14 +498,35 @@ class Controller:
                 ) from exc
             raise
 
+    def _existing(self, manifest: dict[str, Any], exc: kube.ApiError) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        existing = self.kube.get(
+            manifest["kind"], meta["namespace"], meta["name"], manifest.get("apiVersion")
+        )
+        owner = observe.controller_uid(manifest)
+        if existing is not None and owner and observe.controlled_by(existing, owner):
+            return existing
+        holder = "is being deleted"
+        if existing is not None:
+            controller = observe.controller_uid(existing) or "nothing"
+            holder = f"is controlled by {controller}, not by this TrainingJob ({owner})"
+        raise kube.ApiError(
+            409, "AlreadyExists", f"{manifest['kind']} {meta['name']} already exists and {holder}", exc.body
+        ) from exc
+
     def _report_failed_create(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> None:
+        """Record why creating children failed, guarded like every status write by the version the plan
+        was made from (a refused write is dropped: the retry plans again from the newer version)."""
         meta = body["metadata"]
         message = f"cannot create worker objects: {exc.status} {exc.reason}: {exc.message}"
         if plan.status.get("pendingMessage") == message:
             return
         status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
         try:
-            self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
+            written = self.kube.patch_status(
+                meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            )
+            self.cache.observe(written)
         except kube.ApiError as patch_error:
             logger.warning(
                 "could not record FailedCreate on %s/%s: %s", meta["namespace"], meta["name"], patch_error
@@ -496,13 +538,14 @@ class Controller:
         """The API server refuses to store any status for this TrainingJob (422): its stored spec no longer
         passes the CRD's rules (written before a schema change, e.g. a value of the wrong type in a field
         with a transition rule, which cannot even be evaluated). Retrying cannot help until someone edits
-        the object, which arrives as an update event: say what is wrong in a Warning event and stop (the
-        kopf handler raises PermanentError; nothing is rescheduled)."""
+        the object, which arrives as an update event: say what is wrong in a Warning event, once, and stop
+        (nothing is rescheduled, and until the object's resourceVersion changes no reconcile of it writes
+        or says anything again)."""
         meta = body["metadata"]
-        failed = st.get_condition(plan.status, "Failed") or {}
-        if plan.status.get("phase") == "Failed" and failed.get("reason") == "InvalidSpec":
-            reason = "InvalidSpec"
-            message = f"{plan.status.get('message')} (the API server refuses to store status: {exc.message})"
+        verdict = reconcile.refusal_verdict(plan.status)
+        if verdict is not None:  # the operator refuses the spec too: say why, naming the field
+            reason = verdict["reason"]
+            message = f"{verdict.get('message')} (the API server refuses to store status: {exc.message})"
         else:
             reason = "StatusRefused"
             message = f"the API server refuses to store this TrainingJob's status: {exc.message}"
@@ -511,13 +554,24 @@ class Controller:
         self._event((meta["namespace"], meta["name"]), body, "Warning", reason, message)
         return message
 
-    def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
+    def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str | None:
+        """Fail the job whose child the API server refused (422): the message, or None when the
+        TrainingJob changed since the plan was made (the verdict is then planned again from the news)."""
         meta = body["metadata"]
         status = dict(plan.status)
         now = self.clock()
         st.enter_phase(status, "Failed", "InvalidSpec", message, now)
         status["completionTime"] = st.timestamp(now)
-        self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
+        try:
+            written = self.kube.patch_status(
+                meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            )
+        except kube.ApiError as exc:
+            if not exc.conflict:
+                raise
+            plan.requeue_after = CONFLICT_RETRY
+            return None
+        self.cache.observe(written)
         self._event((meta["namespace"], meta["name"]), body, "Warning", "InvalidSpec", message)
         self.metrics.record(meta["namespace"], ["failed"])
         return message

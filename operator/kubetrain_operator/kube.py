@@ -241,15 +241,18 @@ class Kube:
             body=manifest,
         )
 
-    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
+    def delete(
+        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+    ) -> None:
+        """Delete the object; with `uid`, only that very object (a uid precondition), never a namesake
+        created since it was read. Gone already, or replaced by a namesake (409), is success."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            self.request(
-                "DELETE",
-                path(kind, namespace, name),
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
-            )
+            self.request("DELETE", path(kind, namespace, name), body=body)
         except ApiError as exc:
-            if not exc.not_found:
+            if not (exc.not_found or (uid and exc.conflict)):
                 raise
 
     def patch_status(

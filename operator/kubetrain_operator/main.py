@@ -20,6 +20,10 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - `--log-format` (env KUBETRAIN_LOG_FORMAT, default full): plain, full (timestamp, level, logger) or json
   (one object per line with the TrainingJob's namespace and name where a line is about one), for every
   line of kopf's and the operator's;
+- `--allowed-volume-types` (env KUBETRAIN_ALLOWED_VOLUME_TYPES, comma-separated from
+  persistentVolumeClaim, hostPath, emptyDir) and `--allowed-service-accounts` (env
+  KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS, comma-separated names): what a TrainingJob may ask for in
+  `spec.storage` and `spec.serviceAccountName` (see `admission`); unset allows everything, empty nothing;
 - `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
   `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
   $POD_NAMESPACE): standbys run nothing until they hold it (see `leader`); the alternative to peering.
@@ -36,6 +40,7 @@ from typing import Any
 import kopf
 
 from kubetrain_operator import (
+    admission,
     constants,
     events,
     handlers,  # noqa: F401  (registers the kopf handlers)
@@ -69,6 +74,8 @@ class Options:
     leader_elect: bool = False
     leader_election_namespace: str | None = None
     leader_election_id: str = leader.DEFAULT_LEASE_NAME
+    allowed_volume_types: list[str] | None = None
+    allowed_service_accounts: list[str] | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Options:
@@ -89,12 +96,28 @@ class Options:
             log_format=env.get("KUBETRAIN_LOG_FORMAT", cls.log_format),
             leader_election_namespace=env.get("KUBETRAIN_LEADER_ELECTION_NAMESPACE") or None,
             leader_election_id=env.get("KUBETRAIN_LEADER_ELECTION_ID", cls.leader_election_id),
+            allowed_volume_types=_names(env.get("KUBETRAIN_ALLOWED_VOLUME_TYPES")),
+            allowed_service_accounts=_names(env.get("KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS")),
+        )
+
+    def policy(self) -> admission.Policy:
+        """What TrainingJobs may ask for; a list that is not given allows everything."""
+        return admission.Policy(
+            volume_types=None if self.allowed_volume_types is None else frozenset(self.allowed_volume_types),
+            service_accounts=(
+                None if self.allowed_service_accounts is None else frozenset(self.allowed_service_accounts)
+            ),
         )
 
     def watched_namespaces(self) -> list[str]:
         if self.all_namespaces:
             return []
         return self.namespaces or [os.environ.get("POD_NAMESPACE", "default")]
+
+
+def _names(value: str | None) -> list[str] | None:
+    """A comma-separated list; None when not given at all (an empty value is an empty list)."""
+    return None if value is None else [name.strip() for name in value.split(",") if name.strip()]
 
 
 _state: dict[str, Options] = {"options": Options()}
@@ -134,6 +157,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
             image=options.default_image,
             service_account=options.worker_service_account,
             resync_seconds=options.resync_seconds,
+            policy=options.policy(),
         ),
         metrics=Metrics.create(),
         workers=options.workers,

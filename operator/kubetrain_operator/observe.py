@@ -70,9 +70,18 @@ def worker_key(obj: Mapping[str, Any]) -> tuple[int, int] | None:
     return attempt, index
 
 
-def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    refs = obj.get("metadata", {}).get("ownerReferences") or ()
-    return any(ref.get("uid") == uid for ref in refs)
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller (its ownerReference with controller: true), if any."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `uid` is the object's controller: only then is it ours to count, adopt, wait for or
+    delete (an owner that is not the controller, or a namesake's object, is someone else's)."""
+    return bool(uid) and controller_uid(obj) == uid
 
 
 def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:

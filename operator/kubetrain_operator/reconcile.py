@@ -3,13 +3,15 @@
 Level-based: every call derives what should exist from the spec, the previous status (which records the
 decisions already taken: restart attempt, restarts, start and completion times) and what exists, so the
 shell can run it after any crash. The shell executes a plan in this order: status patch first (so a
-decision such as "restart attempt 2" is durable before its effects), then deletions, then creations
-(which tolerate 409 AlreadyExists), then events.
+decision such as "restart attempt 2" is durable before its effects), then deletions (each guarded by the
+uid it was planned from), then creations (which tolerate 409 AlreadyExists for objects this TrainingJob
+controls), then events.
 
 Restart protocol: a failure bumps status.restartAttempt and deletes the old attempt's Jobs (Foreground,
 so their pods go first); the new attempt's Jobs (new names) are created once the old Jobs are gone, or
 after STALE_GRACE_SECONDS when a pod is stuck terminating on a lost node. Suspend deletes every worker
-Job and bumps the attempt the same way, without counting a restart.
+Job and bumps the attempt the same way (Foreground too, so a quick resume waits for the old pods and no
+old rank 0 writes checkpoints or progress.json beside the new attempt), without counting a restart.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubetrain_operator import api, builders, constants, failure, names, observe
+from kubetrain_operator import admission, api, builders, constants, failure, names, observe
 from kubetrain_operator import status as st
 
 STALE_GRACE_SECONDS = 120.0
@@ -44,6 +46,15 @@ class Deletion:
     kind: Literal["Job", "Service"]
     name: str
     propagation: Propagation = "Background"
+    uid: str | None = None
+    """The uid of the object as observed: the shell deletes only that object (a uid precondition), never
+    a namesake created since the observation."""
+
+
+def _deletion(
+    kind: Literal["Job", "Service"], obj: Mapping[str, Any], propagation: Propagation = "Background"
+) -> Deletion:
+    return Deletion(kind, obj["metadata"]["name"], propagation, obj["metadata"].get("uid"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +66,8 @@ class Event:
 
 @dataclasses.dataclass
 class Observed:
-    """The TrainingJob and its children as read from the API (children already filtered by owner uid)."""
+    """The TrainingJob and the children it controls (controller ownerReference with its uid), as read
+    from the API; `from_objects` sorts out the rest."""
 
     name: str
     namespace: str
@@ -68,21 +80,30 @@ class Observed:
     """The gang-scheduling PodGroup, when spec.gangScheduling asks for one and it exists."""
     jobs: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] = ()
+    taken: Sequence[tuple[str, str]] = ()
+    """(kind, name) of children filed under this TrainingJob's name that another object controls, such as
+    a deleted namesake's not yet garbage-collected: those names are not free to create."""
 
     @classmethod
     def from_objects(
         cls,
         body: Mapping[str, Any],
         *,
-        service: Mapping[str, Any] | None,
+        services: Sequence[Mapping[str, Any]],
         jobs: Sequence[Mapping[str, Any]],
         pods: Sequence[Mapping[str, Any]],
         pod_group: Mapping[str, Any] | None = None,
     ) -> Observed:
+        """Keep the children this TrainingJob controls; note the names others hold."""
         meta = body.get("metadata", {})
         uid = meta.get("uid", "")
-        own_jobs = [j for j in jobs if observe.owned_by(j, uid)]
+        own_jobs = [j for j in jobs if observe.controlled_by(j, uid)]
         job_uids = {j.get("metadata", {}).get("uid") for j in own_jobs}
+        others = [("Service", s) for s in services if not observe.controlled_by(s, uid)]
+        others += [("Job", j) for j in jobs if not observe.controlled_by(j, uid)]
+        if pod_group is not None and not observe.controlled_by(pod_group, uid):
+            others.append(("PodGroup", pod_group))
+            pod_group = None
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", "default"),
@@ -90,11 +111,12 @@ class Observed:
             spec=body.get("spec") or {},
             status=body.get("status") or {},
             generation=meta.get("generation"),
-            service=service if service is None or observe.owned_by(service, uid) else None,
-            pod_group=pod_group if pod_group is None or observe.owned_by(pod_group, uid) else None,
+            service=next((s for s in services if observe.controlled_by(s, uid)), None),
+            pod_group=pod_group,
             jobs=own_jobs,
             # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
-            pods=[p for p in pods if any(observe.owned_by(p, u) for u in job_uids if u)],
+            pods=[p for p in pods if observe.controller_uid(p) in job_uids],
+            taken=[(kind, _name(obj)) for kind, obj in others],
         )
 
 
@@ -124,6 +146,7 @@ class Defaults:
     service_account: str | None = None
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
+    policy: admission.Policy = dataclasses.field(default_factory=admission.Policy)
 
 
 def spec_error(exc: pydantic.ValidationError) -> str:
@@ -153,7 +176,6 @@ def _cleanup(
     workers: Sequence[observe.Worker],
     jobs: Sequence[Mapping[str, Any]],
     service: Any,
-    job_name: str,
 ) -> list[Deletion]:
     """What cleanPodPolicy removes once the job finished (or is failing)."""
     if policy == "None":
@@ -164,9 +186,9 @@ def _cleanup(
         if _is_deleting(job):
             continue
         if policy == "All" or _name(job) in running or observe.worker_key(job) is None:
-            out.append(Deletion("Job", _name(job), "Background"))
+            out.append(_deletion("Job", job))
     if policy == "All" and service is not None and not _is_deleting(service):
-        out.append(Deletion("Service", names.service_name(job_name), "Background"))
+        out.append(_deletion("Service", service))
     return out
 
 
@@ -181,18 +203,19 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     out = Plan(status=status)
     phase = status.get("phase")
 
-    # 1. An invalid spec (the CRD's rules were bypassed or the trainer's own checks refuse it) fails the job.
+    # 1. A spec the operator refuses: invalid (the CRD's rules were bypassed, or this operator's checks are
+    # stricter than those of the one that accepted it) or not allowed by the operator's flags.
     try:
         spec = api.TrainingJobSpec.model_validate(dict(obs.spec))
     except pydantic.ValidationError as exc:
-        message = f"invalid spec: {spec_error(exc)}"
-        if phase != "Failed":
-            st.enter_phase(status, "Failed", "InvalidSpec", message, now)
-            status["completionTime"] = st.timestamp(now)
-            out.events.append(Event("Warning", "InvalidSpec", message))
-            out.transitions.append("failed")
-        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
-        return out
+        return _refuse(obs, out, "InvalidSpec", f"invalid spec: {spec_error(exc)}", now)
+    refused = admission.refusal(spec, defaults.policy)
+    if refused is not None:
+        return _refuse(obs, out, "NotAllowed", refused, now)
+    if st.is_true(status, "SpecRefused"):
+        st.set_condition(
+            status, "SpecRefused", False, "SpecAccepted", "the spec passes the operator's checks", now
+        )
 
     workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
     stale = observe.stale_jobs(attempt, obs.jobs)
@@ -200,9 +223,9 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 
     # 2. Finished: clean up, then wait for the TTL.
     if phase in api.TERMINAL_PHASES:
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         out.delete += [
-            Deletion("Job", _name(j))
+            _deletion("Job", j)
             for j in stale
             if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
         ]
@@ -225,7 +248,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         st.record_workers(status, workers, spec.workers)
         out.events.append(Event("Warning", reason, message))
         out.transitions.append("failed")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         if spec.run_policy.ttl_seconds_after_finished is not None:
             out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
         return out
@@ -235,15 +258,15 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         current = [j for j in obs.jobs if j not in stale]
         if current:
             status["restartAttempt"] = attempt + 1
-        out.delete += [Deletion("Job", _name(j)) for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
         status["startTime"] = None
         status["pendingReason"] = None
         status["pendingMessage"] = None
         status["workers"] = st.worker_counts(())
         status["workersReady"] = f"0/{spec.workers}"
         message = (
-            f"suspended: {len(current)} worker Jobs deleted"
-            if current
+            f"suspended: deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
+            if obs.jobs
             else "suspended: no workers are running"
         )
         if st.enter_phase(status, "Suspended", "Suspended", message, now):
@@ -269,22 +292,15 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     waiting = []
     for job in stale:
         if not _is_deleting(job):
-            out.delete.append(Deletion("Job", _name(job), "Foreground"))
+            out.delete.append(_deletion("Job", job, "Foreground"))
             waiting.append(job)
         else:
             since = observe.parse_time(job["metadata"]["deletionTimestamp"])
             if since is None or _seconds_between(since, now) < defaults.stale_grace_seconds:
                 waiting.append(job)
     if waiting:
-        restarting = st.is_true(status, "Restarting")
-        status["pendingReason"] = "WaitingForOldWorkers"
-        status["pendingMessage"] = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
-        status["workers"] = st.worker_counts(workers)
-        status["workersReady"] = f"0/{spec.workers}"
-        if not restarting and status.get("phase") != "Pending":
-            st.enter_phase(status, "Pending", "Pending", status["pendingMessage"], now)
-        out.requeue_after = WAIT_SECONDS
-        return out
+        message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+        return _wait_for_old_workers(out, message, workers, spec.workers, now)
 
     # 6. Failure and success policies.
     decision = failure.decide(spec, workers, restarts)
@@ -299,7 +315,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
         out.events.append(Event("Warning", "Restarting", decision.message))
         out.transitions.append("restarted")
-        out.delete += [Deletion("Job", _name(j), "Foreground") for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
         out.requeue_after = WAIT_SECONDS
         return out
     if decision.action == "succeed":
@@ -310,7 +326,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         status["pendingMessage"] = None
         out.events.append(Event("Normal", "Succeeded", decision.message))
         out.transitions.append("succeeded")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service, obs.name)
+        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
         if spec.run_policy.ttl_seconds_after_finished is not None:
             out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
         return out
@@ -330,6 +346,20 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         out.create.append(pod_group)  # before the Jobs, so no worker pod waits for a missing group
     missing = [w for w in workers if w.phase == "missing"]
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
+    taken = set(obs.taken)
+    blocked = [f"{m['kind']} {m['metadata']['name']}" for m in out.create if (m["kind"], _name(m)) in taken]
+    if blocked:
+        # A namesake deleted with background propagation leaves its children to the garbage collector:
+        # create nothing (a 409 would not be ours) until its objects are gone. Orphans are not adopted
+        # (that would take patch rights on Jobs and Services); the message says to delete them.
+        out.create = []
+        more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
+        message = (
+            f"waiting for {', '.join(blocked[:3])}{more} to be deleted: this TrainingJob does not control "
+            f"them (usually an earlier TrainingJob named {obs.name}, whose children the garbage collector "
+            "has not removed yet, does; delete them if they were orphaned)"
+        )
+        return _wait_for_old_workers(out, message, workers, spec.workers, now)
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
@@ -383,6 +413,61 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         started = observe.parse_time(status["startTime"]) or now
         requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
     out.requeue_after = requeue
+    return out
+
+
+REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")
+
+
+def refusal_verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The condition saying the operator refuses the spec (Failed before the job started, or SpecRefused
+    after), with its reason and message; None when it does not."""
+    held = st.get_condition(dict(status), "SpecRefused")
+    if held is not None and held.get("status") == "True":
+        return held
+    failed = st.get_condition(dict(status), "Failed")
+    if status.get("phase") == "Failed" and failed is not None and failed.get("reason") in REFUSAL_REASONS:
+        return failed
+    return None
+
+
+def _refuse(obs: Observed, out: Plan, reason: str, message: str, now: datetime) -> Plan:
+    """A job never started fails (nothing exists to lose). One the operator already accepted is held: an
+    operator upgrade or a flag change must never kill running work, so its workers are left as they are
+    and nothing is created or deleted for it; the SpecRefused condition and one Warning event say why,
+    until the spec passes again (an edit, or the operator rolled back) and the job carries on."""
+    status = out.status
+    if status.get("phase") is None and not obs.jobs:
+        st.enter_phase(status, "Failed", reason, message, now)
+        status["completionTime"] = st.timestamp(now)
+        out.events.append(Event("Warning", reason, message))
+        out.transitions.append("failed")
+        return out
+    failed = st.get_condition(status, "Failed") or {}
+    if status.get("phase") == "Failed" and failed.get("reason") in REFUSAL_REASONS:
+        return out  # refused before it started: said then
+    held = (
+        f"{message}; its workers are left as they are (running ones keep running) and the operator "
+        "creates or deletes nothing for this TrainingJob until its spec passes again (edit the field, or "
+        "roll the operator back)"
+    )
+    if st.set_condition(status, "SpecRefused", True, reason, held, now):
+        out.events.append(Event("Warning", reason, held))
+    return out
+
+
+def _wait_for_old_workers(
+    out: Plan, message: str, workers: Sequence[observe.Worker], size: int, now: datetime
+) -> Plan:
+    """Create nothing until old objects are gone; say so (quietly: they usually go within seconds)."""
+    status = out.status
+    status["pendingReason"] = "WaitingForOldWorkers"
+    status["pendingMessage"] = message
+    status["workers"] = st.worker_counts(workers)
+    status["workersReady"] = f"0/{size}"
+    if not st.is_true(status, "Restarting") and status.get("phase") != "Pending":
+        st.enter_phase(status, "Pending", "Pending", message, now)
+    out.requeue_after = WAIT_SECONDS
     return out
 
 

@@ -232,6 +232,12 @@ def _refuses_writes(cluster: Cluster, namespace: str, name: str) -> bool:
     return result.returncode != 0 and "Invalid" in result.stderr
 
 
+def _true_condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in status.get("conditions") or () if c["type"] == type_ and c["status"] == "True"), None
+    )
+
+
 def _event(cluster: Cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
     """The newest event with `reason` about TrainingJob `name`, as {"reason", "message"}; {} if none."""
     events = json.loads(
@@ -301,7 +307,8 @@ def test_objects_the_operator_cannot_understand_fail_naming_the_field_and_others
     )
     # Unknown fields written under the loose schema are pruned from the object as served once the schema
     # tightens, and a watch opened under the tight schema may deliver them pruned even in between: an
-    # operator that saw such a job pruned runs it (verdict "Pruned"); one that saw the field fails it naming it.
+    # operator that saw such a job pruned runs it (verdict "Pruned"); one that saw the field fails it naming it,
+    # or, when it had already started it pruned, holds it (SpecRefused naming the field, workers left).
     # A value whose type no longer matches a field with a transition rule (spec.workers is immutable)
     # makes the API server refuse every write to the object, status included: for those the operator can
     # only say so in a Warning event, and must stop retrying until someone edits the object.
@@ -313,9 +320,10 @@ def test_objects_the_operator_cannot_understand_fail_naming_the_field_and_others
         for name, field in expected.items():
             if name in refused:
                 out[name] = _event(chaos_cluster, chaos_namespace, name, "InvalidSpec")
+            elif held := _true_condition(current.get(name, {}), "SpecRefused"):
+                out[name] = {**held, "held": True}
             elif current.get(name, {}).get("phase") == "Failed":
-                conditions = current[name].get("conditions") or ()
-                out[name] = next((c for c in conditions if c["type"] == "Failed"), {})
+                out[name] = _true_condition(current[name], "Failed") or {}
             elif current.get(name, {}).get("phase") == "Succeeded" and _absent(stored[name], field):
                 out[name] = {"reason": "Pruned"}
         return out
@@ -338,8 +346,12 @@ def test_objects_the_operator_cannot_understand_fail_naming_the_field_and_others
     ]
     assert not retried, "the operator kept retrying objects it cannot understand:\n" + "\n".join(retried[:10])
     assert not problems, "\n".join(problems)
-    # No worker was ever created for a job judged invalid, and the operator never restarted.
-    judged_invalid = {name for name, verdict in verdicts().items() if verdict.get("reason") != "Pruned"}
+    # No worker was ever created for a job judged invalid before it started, and the operator never restarted.
+    judged_invalid = {
+        name
+        for name, verdict in verdicts().items()
+        if verdict.get("reason") != "Pruned" and not verdict.get("held")
+    }
     jobs = json.loads(chaos_cluster.kubectl("-n", chaos_namespace, "get", "jobs", "-o", "json"))["items"]
     owners = {job["metadata"]["labels"]["kubetrain.io/job-name"] for job in jobs}
     assert not owners & judged_invalid, owners & judged_invalid

@@ -23,10 +23,13 @@ OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
     # ttlSecondsAfterFinished. Status: merge patches only. Nothing else is written on it.
     *(("kubetrain.io", "trainingjobs", verb) for verb in ("list", "watch", "delete")),
     ("kubetrain.io", "trainingjobs/status", "patch"),
+    # Never a request: children set blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
+    # admission plugin allows only to who may update the owner's finalizers.
+    ("kubetrain.io", "trainingjobs/finalizers", "update"),
     # One batch Job per worker and one headless Service per TrainingJob: watched into the cache, created
-    # and deleted by the controller; never read one by one.
-    *(("batch", "jobs", verb) for verb in ("list", "watch", "create", "delete")),
-    *(("", "services", verb) for verb in ("list", "watch", "create", "delete")),
+    # and deleted by the controller; read one by one only when a create answers 409 AlreadyExists.
+    *(("batch", "jobs", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    *(("", "services", verb) for verb in ("get", "list", "watch", "create", "delete")),
     # Pods are only watched (exit codes, readiness, why Pending); they go away with their Jobs.
     *(("", "pods", verb) for verb in ("list", "watch")),
     # kopf and the controller post core v1 Events on every transition.

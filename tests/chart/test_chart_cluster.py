@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -598,14 +601,32 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
 
-    # Policies take effect asynchronously after install: wait with a server-side dry run (admission
-    # runs, nothing is stored) until the policy refuses a change to the neighbour's pod.
+    def patch_as_worker(pod: str, patch: dict[str, Any], dry_run: bool = False) -> tuple[int, str]:
+        """A merge patch sent as is with the worker's token, like the trainer's PodAnnotator (`kubectl
+        patch` reads the object first, which workers may not do): the HTTP status and the answer."""
+        query = "?dryRun=All" if dry_run else ""
+        request = urllib.request.Request(
+            f"{cluster.server}/api/v1/namespaces/{other_namespace}/pods/{pod}{query}",
+            data=json.dumps(patch).encode(),
+            method="PATCH",
+            headers={"Content-Type": "application/merge-patch+json", "Authorization": f"Bearer {token}"},
+        )
+        context = ssl.create_default_context(cafile=str(ca))
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    def annotation(key: str, value: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": {key: value}}}
+
+    # Policies (and RBAC) take effect asynchronously after install: wait with a server-side dry run
+    # (admission runs, nothing is stored) until the policy itself refuses a change to the neighbour's pod.
     wait_for(
         lambda: (
-            as_worker(
-                "annotate", "pod", "pod-b", f"{contract.PROGRESS_ANNOTATION}={{}}", "--dry-run=server"
-            ).returncode
-            != 0
+            "denied request"
+            in patch_as_worker("pod-b", annotation(contract.PROGRESS_ANNOTATION, "{}"), True)[1]
         ),
         "the admission policy to take effect",
     )
@@ -616,9 +637,17 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
     pod_b = get_json(cluster, "pod", "pod-b", "-n", other_namespace)
     assert contract.PROGRESS_ANNOTATION not in pod_b["metadata"]["annotations"]
 
+    patches = {
+        "another annotation": annotation("team", "hijacked"),
+        "a label": {"metadata": {"labels": {"kubetrain.io/job-name": "other"}}},
+    }
+    for what, patch in patches.items():
+        status, answer = patch_as_worker("pod-a", patch)
+        assert status >= 400 and "denied request" in answer, (what, status, answer)
     refused = {
-        "another annotation": ("annotate", "pod", "pod-a", "team=hijacked", "--overwrite"),
-        "a label": ("label", "pod", "pod-a", "kubetrain.io/job-name=other"),
+        "reading its neighbour's pod spec": ("get", "pod", "pod-b", "-o", "yaml"),
+        "reading its own pod": ("get", "pod", "pod-a"),
+        "listing pods": ("get", "pods"),
         "deleting its pod": ("delete", "pod", "pod-a", "--wait=false"),
         "reading Secrets": ("get", "secrets"),
         "creating pods": ("run", "miner", "--image=miner"),

@@ -373,6 +373,7 @@ BAD_VALUES = {
     ),
     "replicas as string": ({"replicas": "2"}, "/replicas"),
     "bad port": ({"liveness": {"port": 70000}}, "/liveness/port"),
+    "unknown volume type": ({"trainingJobPolicy": {"allowedVolumeTypes": ["nfs"]}}, "/trainingJobPolicy"),
 }
 
 
@@ -384,6 +385,24 @@ def test_schema_refuses_bad_values_naming_the_field(
     output = helm(helm_bin, *args, check=False)
     assert "values don't meet the specifications of the schema" in output, output
     assert field in output, output
+
+
+def test_training_job_policy_values_become_the_operators_flags(helm_bin: Path, tmp_path: Path) -> None:
+    def parsed(values: dict[str, Any]) -> Any:
+        return cli._parser().parse_args(
+            ["operator", *operator_container(render(helm_bin, tmp_path, values))["args"]]
+        )
+
+    narrow = parsed(
+        {"trainingJobPolicy": {"allowedVolumeTypes": ["persistentVolumeClaim", "emptyDir"],
+                               "allowedServiceAccounts": ["kubetrain-worker"]}}
+    )  # fmt: skip
+    assert narrow.allowed_volume_types == ["persistentVolumeClaim", "emptyDir"]
+    assert narrow.allowed_service_accounts == ["kubetrain-worker"]
+    nothing = parsed({"trainingJobPolicy": {"allowedVolumeTypes": [], "allowedServiceAccounts": []}})
+    assert (nothing.allowed_volume_types, nothing.allowed_service_accounts) == ([], [])
+    default = operator_container(render(helm_bin, tmp_path))["args"]
+    assert not [arg for arg in default if arg.startswith("--allowed-")]  # everything the API allows
 
 
 def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_path: Path) -> None:
@@ -536,7 +555,9 @@ def test_chart_crd_is_the_generated_one(helm_bin: Path, tmp_path: Path) -> None:
 def test_workers_get_a_service_account_in_each_watched_namespace_that_can_only_patch_pods(
     helm_bin: Path, tmp_path: Path
 ) -> None:
-    """Rank 0 patches its own pod's progress annotation; RBAC can say no more narrowly than pods/patch."""
+    """Rank 0 patches its own pod's progress annotation; RBAC can say no more narrowly than pods/patch,
+    and grants nothing else (the trainer never reads a pod: `get` would show workers every pod spec of
+    the namespace, env values included)."""
     objects = render(helm_bin, tmp_path, NAMESPACED)
     workers = [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -545,7 +566,7 @@ def test_workers_get_a_service_account_in_each_watched_namespace_that_can_only_p
     for kind in ("ServiceAccount", "Role", "RoleBinding"):
         assert sorted(o["metadata"]["namespace"] for o in by_kind[kind]) == ["team-a", "team-b"], kind
     for role in by_kind["Role"]:
-        assert granted(role["rules"]) == {("", "pods", "get"), ("", "pods", "patch")}
+        assert granted(role["rules"]) == {("", "pods", "patch")}
     for binding in by_kind["RoleBinding"]:
         namespace = binding["metadata"]["namespace"]
         assert binding["subjects"] == [

@@ -163,7 +163,7 @@ def observed(
 ) -> reconcile.Observed:
     return reconcile.Observed.from_objects(
         trainingjob(name, spec, status),
-        service=service(name) if with_service else None,
+        services=[service(name)] if with_service else [],
         jobs=jobs or [],
         pods=pods or [],
     )

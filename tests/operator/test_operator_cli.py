@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubetrain_operator import cli, crdgen, main
+from kubetrain_operator import admission, cli, crdgen, main
 
 pytestmark = pytest.mark.unit
 
@@ -133,3 +133,26 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             each.stop()
         memo["controller"].stop()
         memo["events"].stop()
+
+
+def test_the_trust_narrowing_flags_become_the_planners_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    captured: dict[str, Any] = {}
+    monkeypatch.setattr(main, "run", lambda options: captured.setdefault("options", options))
+    allowed = ["--allowed-volume-types=persistentVolumeClaim,emptyDir", "--allowed-service-accounts=a,b"]
+    cli.main(["operator", *allowed])
+    assert captured["options"].policy() == admission.Policy(
+        volume_types=frozenset({"persistentVolumeClaim", "emptyDir"}), service_accounts=frozenset({"a", "b"})
+    )
+    assert main.Options().policy() == admission.Policy()  # unset: everything the API allows
+    from_env = main.Options.from_env(
+        {"KUBETRAIN_ALLOWED_VOLUME_TYPES": "", "KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS": "kubetrain-worker"}
+    )
+    assert from_env.policy() == admission.Policy(frozenset(), frozenset({"kubetrain-worker"}))
+
+
+def test_an_unknown_volume_type_flag_is_refused_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["operator", "--allowed-volume-types=nfs"])
+    assert "persistentVolumeClaim, hostPath, emptyDir" in capsys.readouterr().err

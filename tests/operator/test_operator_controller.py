@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, informer, kube, reconcile
+from kubetrain_operator import admission, constants, informer, kube, reconcile
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -35,6 +35,8 @@ class FakeKube:
         self.fail_create: dict[str, kube.ApiError] = {}
         self.fail_patch: list[kube.ApiError] = []
         self.rv = 100
+        self.gc_paused = False
+        """When set, pods outlive their Job's deletion until `collect_garbage` (their grace period)."""
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -85,16 +87,58 @@ class FakeKube:
         ]
         return [(items, str(self.rv))]
 
-    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background") -> None:
+    def delete(
+        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+    ) -> None:
+        """Like `kube.Kube.delete`: gone or replaced by a namesake (uid precondition) is success. The
+        garbage collector is modelled: Background removes the object now and its pods with it, or, while
+        `gc_paused`, at `collect_garbage`; Foreground then keeps the Job (deletionTimestamp set) until
+        its pods are gone."""
         self.calls.append(f"delete {kind} {name} {propagation}")
-        gone = self.objects.pop((kind, namespace, name), None)
-        if gone is not None:
-            self._watch(gone, deleted=True)
-        if kind == "Job":  # the garbage collector takes the pods along
-            for key in [
-                k for k, o in self.objects.items() if k[0] == "Pod" and o["metadata"]["name"].startswith(name)
-            ]:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
+            return
+        if kind == "Job" and self.gc_paused and propagation == "Foreground" and self._pods_of(obj):
+            obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:59:59Z"
+            self._bump(obj)
+            return
+        del self.objects[(kind, namespace, name)]
+        self._watch(obj, deleted=True)
+        if kind == "Job" and not self.gc_paused:
+            self.collect_garbage()
+
+    def _pods_of(self, job: dict[str, Any]) -> list[tuple[str, str, str]]:
+        uid = job["metadata"].get("uid")
+        return [
+            key
+            for key, o in self.objects.items()
+            if key[0] == "Pod"
+            and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())
+        ]
+
+    def collect_garbage(self) -> None:
+        """Remove the pods of deleted or deleting Jobs, then the Jobs deleted in the foreground."""
+        live = {o["metadata"]["uid"] for k, o in self.objects.items() if k[0] == "Job"}
+        deleting = {o["metadata"]["uid"] for k, o in self.objects.items() if k[0] == "Job" and _deleting(o)}
+        for key, obj in list(self.objects.items()):
+            owners = {r.get("uid") for r in obj["metadata"].get("ownerReferences") or ()}
+            if key[0] == "Pod" and (not owners & live or owners & deleting):
                 self._watch(self.objects.pop(key), deleted=True)
+        for key, obj in list(self.objects.items()):
+            if key[0] == "Job" and _deleting(obj):
+                self._watch(self.objects.pop(key), deleted=True)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self._watch(obj)
+
+    def edit_spec(self, name: str = "demo", **changes: Any) -> None:
+        """A user's edit of the TrainingJob's spec: a new generation and resourceVersion."""
+        obj = self.objects[(constants.KIND, NS, name)]
+        obj["spec"] = {**obj["spec"], **changes}
+        obj["metadata"]["generation"] += 1
+        self._bump(obj)
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], rv: str | None
@@ -141,6 +185,10 @@ class FakeKube:
 
     def status(self, name: str = "demo") -> dict[str, Any]:
         return self.objects[(constants.KIND, NS, name)]["status"]
+
+
+def _deleting(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
 
 
 def _controller(fake: FakeKube, workers: int = 2) -> Controller:
@@ -258,11 +306,68 @@ def test_a_whole_lifecycle_with_one_restart_never_duplicates_a_child() -> None:
     assert ctl.metrics.succeeded.labels(namespace=NS)._value.get() == 1
 
 
-def test_children_that_already_exist_are_fine() -> None:
+def test_children_this_trainingjob_created_before_are_recognised_when_they_already_exist() -> None:
+    """An earlier reconcile created them but the cache never saw them (killed before the watch caught
+    up): a 409 on a child this TrainingJob controls is success."""
     fake = _fake_with_job()
-    fake.fail_create["demo-r0-w1"] = kube.ApiError(409, "AlreadyExists", "exists")
     _controller(fake).reconcile(NS, "demo")
-    assert fake.status()["phase"] == "Pending"
+    fake.creations.clear()
+    fake.cache = ClusterCache()  # a restarted operator whose cache has not seen the children yet
+    fake.cache.observe(fake.objects[(constants.KIND, NS, "demo")])
+    _controller(fake).reconcile(NS, "demo")
+    assert fake.creations == []
+    assert fake.status()["phase"] == "Pending" and fake.status().get("pendingReason") != "FailedCreate"
+
+
+def _namesake_children(fake: FakeKube) -> None:
+    """A TrainingJob `demo` deleted (background) and applied again: its children await collection."""
+    old = FakeKube()
+    old.objects[(constants.KIND, NS, "demo")] = trainingjob()
+    old.objects[(constants.KIND, NS, "demo")]["metadata"]["uid"] = "uid-of-the-deleted-namesake"
+    old.cache.observe(old.objects[(constants.KIND, NS, "demo")])
+    _controller(old).reconcile(NS, "demo")
+    for (kind, _ns, _name), obj in old.objects.items():
+        if kind != constants.KIND:
+            fake.put(obj)
+
+
+def test_after_delete_and_apply_the_new_trainingjob_waits_for_its_namesakes_children() -> None:
+    fake = _fake_with_job()
+    _namesake_children(fake)
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    assert fake.creations == []
+    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
+    assert fake.status()["pendingReason"] == "WaitingForOldWorkers"
+    for key in [k for k in fake.objects if k[0] != constants.KIND]:  # the garbage collector
+        fake._watch(fake.objects.pop(key), deleted=True)
+    ctl.reconcile(NS, "demo")
+    assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
+    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
+
+
+def test_a_child_name_held_by_an_object_this_trainingjob_does_not_control_is_reported_not_claimed() -> None:
+    fake = _fake_with_job()
+    fake.watch_paused = True  # an unrelated Job the operator does not watch
+    fake.put({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "demo-r0-w1", "namespace": NS}})
+    fake.watch_paused = False
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None  # retried with backoff
+    assert fake.status()["pendingReason"] == "FailedCreate"
+    assert "Job demo-r0-w1 already exists" in fake.status()["pendingMessage"]
+    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
+
+
+def test_a_ttl_deletion_planned_from_a_stale_read_never_deletes_a_namesake() -> None:
+    fake = FakeKube()
+    finished = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    fake.put(trainingjob(spec={"trainer": {}, "runPolicy": {"ttlSecondsAfterFinished": 0}}, status=finished))
+    fake.watch_paused = True  # deleted and applied again; the operator's cache still holds the old one
+    namesake = trainingjob()
+    namesake["metadata"]["uid"] = "uid-of-the-new-namesake"
+    fake.put(namesake)
+    _controller(fake).reconcile(NS, "demo")
+    assert fake.objects[(constants.KIND, NS, "demo")]["metadata"]["uid"] == "uid-of-the-new-namesake"
 
 
 def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None:
@@ -517,3 +622,109 @@ def test_routine_work_waits_while_urgent_reconciles_run_but_not_forever(
         ctl._stopped.clear()
         monkeypatch.setattr("kubetrain_operator.controller.ROUTINE_MAX_WAIT", 0.0)
         assert ctl._next_key() == ((NS, "status-refresh"), False)  # waited long enough
+
+
+def _running(fake: FakeKube, ctl: Controller) -> None:
+    """Reconcile the fake's TrainingJob until its workers run."""
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Running"
+
+
+def test_a_quick_resume_waits_until_the_suspended_workers_pods_are_gone() -> None:
+    """Suspension deletes the workers' Jobs in the foreground, as a restart does: a resume while their pods
+    still terminate creates nothing, so the old rank 0 never writes beside the next attempt's."""
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.gc_paused = True  # the pods take their grace period to terminate
+    fake.edit_spec(runPolicy={"suspend": True})
+    ctl.reconcile(NS, "demo")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Suspended"
+    assert "deleting 2 worker Jobs and waiting for their pods" in fake.status()["message"]
+    fake.edit_spec(runPolicy={"suspend": False})
+    ctl.reconcile(NS, "demo")
+    assert [name for _, name in fake.creations if name.startswith("demo-r1-")] == []
+    assert fake.status()["pendingReason"] == "WaitingForOldWorkers"
+    fake.collect_garbage()
+    ctl.reconcile(NS, "demo")
+    assert ("Job", "demo-r1-w0") in fake.creations and ("Job", "demo-r1-w1") in fake.creations
+
+
+def _changed_behind_the_cache(fake: FakeKube) -> dict[str, Any]:
+    """Another writer changes the TrainingJob's status while the operator's cache still holds the old
+    version; returns the status the API server now holds."""
+    fake.watch_paused = True
+    stored = fake.objects[(constants.KIND, NS, "demo")]
+    stored["status"] = {"phase": "Pending", "message": "written by someone who read a newer version"}
+    stored["metadata"]["resourceVersion"] = "999"
+    return copy.deepcopy(stored["status"])
+
+
+def test_a_failed_creation_report_from_a_stale_read_is_refused() -> None:
+    fake = _fake_with_job()
+    newer = _changed_behind_the_cache(fake)
+    fake.fail_create["demo-r0-w1"] = kube.ApiError(403, "Forbidden", "exceeded quota: gpus, requested: 8")
+    ctl = _controller(fake)
+    assert ctl.trigger(NS, "demo") is None  # the creation error is retried with backoff
+    assert "patch status" in fake.calls
+    assert fake.status() == newer
+
+
+def test_an_invalid_child_verdict_from_a_stale_read_is_refused_and_planned_again() -> None:
+    fake = _fake_with_job()
+    newer = _changed_behind_the_cache(fake)
+    fake.fail_create["demo-r0-w0"] = kube.ApiError(422, "Invalid", "spec.template: Invalid value")
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert "patch status" in fake.calls
+    assert fake.status() == newer
+    assert outcome.invalid is None and outcome.plan is not None and outcome.plan.requeue_after == 0.2
+
+
+def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob_changes() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    refusal = kube.ApiError(422, "Invalid", "spec.workers: Invalid value: 'string': must be integer")
+    fake.fail_patch += [refusal] * 5
+    for _ in range(3):  # resyncs and child events
+        ctl.trigger(NS, "demo")
+    assert [e["reason"] for e in fake.events].count("StatusRefused") == 1
+    assert (NS, "demo") not in ctl._due
+    assert fake.calls.count("patch status") == 1
+    fake.edit_spec(runPolicy={"maxRestarts": 2})  # someone edits it: the operator looks again
+    ctl.trigger(NS, "demo")
+    assert fake.calls.count("patch status") == 2
+    assert [e["reason"] for e in fake.events].count("StatusRefused") == 2
+
+
+def test_a_job_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no_children() -> None:
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "serviceAccountName": "cluster-admin-sa"})
+    ctl = _controller(fake)
+    ctl.defaults = reconcile.Defaults(
+        policy=admission.Policy(service_accounts=frozenset({"kubetrain-worker"}))
+    )
+    outcome = ctl.reconcile(NS, "demo")
+    assert fake.creations == []
+    assert fake.status()["phase"] == "Failed"
+    assert outcome.invalid is not None and "--allowed-service-accounts=kubetrain-worker" in outcome.invalid
+    warning = fake.events[-1]
+    assert (warning["type"], warning["reason"]) == ("Warning", "NotAllowed")
+    assert "spec.serviceAccountName 'cluster-admin-sa'" in warning["message"]
+
+
+def test_a_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_status_is_refused() -> None:
+    """After an upgrade the stored spec may fail both this operator's checks and the CRD's (so every
+    write to it is refused): the workers stay, and the one Warning names the field."""
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.edit_spec(trainer={"epochs": "many"})
+    fake.fail_patch.append(kube.ApiError(422, "Invalid", "spec.trainer.epochs: Invalid value"))
+    outcome = ctl.reconcile(NS, "demo")
+    assert [c for c in fake.calls if c.startswith("delete")] == []
+    assert {("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")} <= {(k, n) for k, _, n in fake.objects}
+    warning = fake.events[-1]
+    assert (warning["type"], warning["reason"]) == ("Warning", "InvalidSpec")
+    assert "spec.trainer.epochs" in warning["message"] and outcome.invalid == warning["message"]

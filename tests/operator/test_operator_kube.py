@@ -123,3 +123,15 @@ def test_list_pages_follows_continue_tokens_across_all_namespaces() -> None:
     assert [r["path"] for r in api.requests] == ["/api/v1/pods", "/api/v1/pods"]
     assert ("continue", "next") in api.requests[1]["query"]
     assert ("labelSelector", "kubetrain.io/job-name") in api.requests[0]["query"]
+
+
+def test_a_delete_names_the_uid_it_means_and_a_namesake_in_its_place_is_left_alone() -> None:
+    """The API server answers a uid precondition that no longer holds with 409: the object meant is gone
+    (a namesake took its place), which is what the caller wanted."""
+    precondition_failed = {"reason": "Conflict", "message": "Precondition failed: UID in precondition: a"}
+    client = FakeApiClient([(409, precondition_failed), (200, {})])
+    api = kube.Kube(client)
+    api.delete("TrainingJob", "ns", "demo", "Background", uid="a")
+    assert client.requests[0]["body"]["preconditions"] == {"uid": "a"}
+    api.delete("Job", "ns", "demo-r0-w0", "Foreground")
+    assert "preconditions" not in client.requests[1]["body"]

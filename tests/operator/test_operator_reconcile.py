@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kubetrain_operator import reconcile
+from kubetrain_operator import admission, reconcile
 from kubetrain_operator import status as st
-from operator_fakes import command_spec, job, observed, pod, trainer_spec
+from operator_fakes import command_spec, job, observed, pod, service, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -386,7 +386,7 @@ def test_suspend_deletes_workers_and_resume_starts_a_new_attempt() -> None:
     assert p.status["restartAttempt"] == 1
     assert p.status["restarts"] == 0  # suspension is not a failure
     assert p.status["startTime"] is None
-    assert sorted(_deleted(p)) == [("Job", "demo-r0-w0", "Background"), ("Job", "demo-r0-w1", "Background")]
+    assert sorted(_deleted(p)) == [("Job", "demo-r0-w0", "Foreground"), ("Job", "demo-r0-w1", "Foreground")]
     assert [e.reason for e in p.events] == ["Suspended"]
 
     deleting = "2026-01-01T00:59:59Z"
@@ -419,12 +419,90 @@ def test_created_suspended_never_creates_workers() -> None:
     ],
 )
 def test_invalid_spec_fails_naming_the_field(spec: dict[str, Any], field: str) -> None:
-    p = _plan(spec=spec, status={}, jobs=[job(0)])
+    p = _plan(spec=spec, status={}, with_service=False)
     assert p.status["phase"] == "Failed"
     assert _cond(p, "Failed")["reason"] == "InvalidSpec"
     assert field in p.status["message"]
-    assert p.create == []
-    assert _deleted(p) == [("Job", "demo-r0-w0", "Background")]
+    assert p.create == [] and p.delete == []
+
+
+HOST_PATH = [{"name": "data", "mountPath": "/data", "hostPath": {"path": "/srv/data"}}]
+NARROW = admission.Policy(
+    volume_types=frozenset({"persistentVolumeClaim", "emptyDir"}),
+    service_accounts=frozenset({"kubetrain-worker"}),
+)
+REFUSALS = {
+    "a hostPath volume": (
+        trainer_spec(storage=HOST_PATH),
+        "spec.storage[0].hostPath",
+        "--allowed-volume-types",
+    ),
+    "another ServiceAccount": (
+        trainer_spec(serviceAccountName="cluster-admin-sa"),
+        "spec.serviceAccountName",
+        "--allowed-service-accounts",
+    ),
+}
+
+
+@pytest.mark.parametrize(("spec", "field", "flag"), REFUSALS.values(), ids=REFUSALS.keys())
+def test_a_new_job_asking_for_what_the_operator_does_not_allow_fails_naming_the_field_and_the_flag(
+    spec: dict[str, Any], field: str, flag: str
+) -> None:
+    p = reconcile.plan(observed(spec, status={}, with_service=False), NOW, reconcile.Defaults(policy=NARROW))
+    assert p.status["phase"] == "Failed"
+    assert _cond(p, "Failed")["reason"] == "NotAllowed"
+    assert field in p.status["message"] and flag in p.status["message"]
+    assert [e.reason for e in p.events] == ["NotAllowed"] and p.create == []
+
+
+def test_what_the_operator_allows_runs_and_an_unset_service_account_is_always_allowed() -> None:
+    pvc = [{"name": "data", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "data"}}]
+    for spec in (trainer_spec(storage=pvc, serviceAccountName="kubetrain-worker"), trainer_spec()):
+        p = reconcile.plan(observed(spec, status={}), NOW, reconcile.Defaults(policy=NARROW))
+        assert _created(p) == ["demo-r0-w0", "demo-r0-w1"]
+
+
+HELD = {
+    "invalid after an operator upgrade": (
+        {"workers": 2, "trainer": {"epochs": "many"}},
+        reconcile.Defaults(),
+        "InvalidSpec",
+    ),
+    "no longer allowed after a flag change": (
+        trainer_spec(storage=HOST_PATH),
+        reconcile.Defaults(policy=NARROW),
+        "NotAllowed",
+    ),
+}
+
+
+@pytest.mark.parametrize(("spec", "defaults", "reason"), HELD.values(), ids=HELD.keys())
+def test_a_running_job_whose_spec_stops_passing_is_held_with_its_workers_left_running(
+    spec: dict[str, Any], defaults: reconcile.Defaults, reason: str
+) -> None:
+    running = {"jobs": [job(0), job(1)], "pods": [pod(0, phase="Running"), pod(1, phase="Running")]}
+    p = reconcile.plan(observed(spec, status=STARTED, **running), NOW, defaults)
+    assert p.status["phase"] == "Running" and p.delete == [] and p.create == []
+    held = _cond(p, "SpecRefused")
+    assert held["status"] == "True" and held["reason"] == reason
+    assert "running ones keep running" in held["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
+    again = reconcile.plan(observed(spec, status=p.status, **running), NOW, defaults)
+    assert again.events == [] and again.status == p.status  # said once; nothing else happens
+
+    fixed = reconcile.plan(observed(trainer_spec(), status=p.status, **running), NOW, defaults)
+    assert _cond(fixed, "SpecRefused")["status"] == "False"
+    assert fixed.status["phase"] == "Running" and fixed.requeue_after == reconcile.RESYNC_SECONDS
+
+
+def test_a_finished_job_whose_spec_stops_passing_stays_finished() -> None:
+    done = dict(STARTED, phase="Succeeded", completionTime="2026-01-01T00:50:00Z")
+    p = _plan(
+        spec={"workers": 2, "trainer": {"epochs": "many"}}, status=done, jobs=[job(0, condition="Complete")]
+    )
+    assert p.status["phase"] == "Succeeded" and p.delete == []
+    assert _cond(p, "SpecRefused")["status"] == "True"
 
 
 def test_progress_of_rank0_is_copied_to_status_and_kept() -> None:
@@ -453,10 +531,11 @@ def test_observed_generation_is_recorded() -> None:
 
 
 def test_children_of_another_trainingjob_with_the_same_name_are_ignored() -> None:
-    foreign = job(0)
+    foreign = job(0, attempt=3)
     foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     p = _plan(status={}, jobs=[foreign])
     assert _created(p) == ["demo-r0-w0", "demo-r0-w1"]
+    assert p.delete == []
 
 
 def test_custom_command_jobs_are_planned_too() -> None:
@@ -489,3 +568,52 @@ def test_gang_scheduled_jobs_get_their_pod_group_before_the_workers() -> None:
         ("Job", "demo-r0-w0"),
         ("Job", "demo-r0-w1"),
     ]
+
+
+def _from_namesake(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as left by a deleted TrainingJob of the same name (another uid), not yet garbage-collected."""
+    obj["metadata"]["ownerReferences"][0]["uid"] = "uid-of-the-deleted-namesake"
+    return obj
+
+
+def test_a_namesakes_leftover_children_are_waited_for_and_never_counted_as_created() -> None:
+    p = reconcile.plan(
+        reconcile.Observed.from_objects(
+            trainingjob(status={}),
+            services=[_from_namesake(service())],
+            jobs=[_from_namesake(job(0)), _from_namesake(job(1))],
+            pods=[],
+        ),
+        NOW,
+    )
+    assert p.create == []
+    assert p.status["pendingReason"] == "WaitingForOldWorkers"
+    assert "Service demo" in p.status["pendingMessage"] and "Job demo-r0-w0" in p.status["pendingMessage"]
+    assert _cond(p, "Created") is None and "CreatedWorkers" not in [e.reason for e in p.events]
+    assert p.requeue_after == reconcile.WAIT_SECONDS
+
+
+def test_a_job_that_names_the_trainingjob_as_owner_but_not_as_controller_is_not_a_worker() -> None:
+    borrowed = job(0)
+    borrowed["metadata"]["ownerReferences"][0]["controller"] = False
+    p = _plan(status=STARTED, jobs=[borrowed, job(1)], pods=[pod(1, phase="Running")])
+    assert p.status["workers"]["active"] == 1
+    assert "demo-r0-w0" in p.status["pendingMessage"]
+
+
+def test_every_deletion_names_the_uid_of_the_object_it_was_planned_from() -> None:
+    suspended = _plan(spec=trainer_spec(runPolicy={"suspend": True}), status=STARTED, jobs=[job(0), job(1)])
+    restart = _plan(
+        status=STARTED,
+        jobs=[job(0), job(1)],
+        pods=[pod(0, phase="Running"), pod(1, phase="Failed", exit_code=11)],
+    )
+    finished = dict(STARTED, phase="Succeeded", completionTime="2026-01-01T00:50:00Z")
+    cleanup = _plan(spec=trainer_spec(runPolicy={"cleanPodPolicy": "All"}), status=finished, jobs=[job(0)])
+    for p in (suspended, restart, cleanup):
+        assert p.delete
+        assert {(d.name, d.uid) for d in p.delete} <= {
+            ("demo-r0-w0", "job-0-0"),
+            ("demo-r0-w1", "job-0-1"),
+            ("demo", "svc-uid"),
+        }

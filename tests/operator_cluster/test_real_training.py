@@ -14,13 +14,13 @@ from testcluster.real_kubelet import REAL_ANNOTATION, RealKubelet
 pytestmark = [pytest.mark.cluster, pytest.mark.distributed]
 
 # Rank 0 patches its own pod's progress annotation with the pod's service account, as in a real cluster;
-# that account needs exactly this (the Helm chart documents the same rule for worker namespaces).
+# that account needs exactly this: patch, nothing else (the Helm chart grants the same in worker namespaces).
 PROGRESS_RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {name: kubetrain-worker-progress}
 rules:
-- {apiGroups: [""], resources: [pods], verbs: [get, patch]}
+- {apiGroups: [""], resources: [pods], verbs: [patch]}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

@@ -231,6 +231,36 @@ def test_deleting_a_trainingjob_cascades_to_every_child(
     )
 
 
+def test_a_trainingjob_deleted_and_applied_again_runs_on_its_own_children_only(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """`kubectl delete` (background) then `kubectl apply`: the old job's children wait for the garbage
+    collector under the same names. The new job claims none of them (no CreatedWorkers for children it did
+    not create) and runs on children it controls; every deletion along the way is uid-guarded."""
+    manifest = trainingjob("again", annotations={"sim.kubetrain.io/hold": "true"})
+    _apply(cluster, namespace, manifest)
+    _wait_for(_phase_is(cluster, namespace, "again", "Running"), 60, "Running", operator)
+    cluster.kubectl("-n", namespace, "delete", "tj", "again", "--cascade=background", "--wait=false")
+    _apply(cluster, namespace, manifest)
+    uid = _get(cluster, namespace, "trainingjob", "again")["metadata"]["uid"]
+
+    def runs_on_its_own_children() -> bool:
+        children = [c for kind in ("jobs", "services") for c in _children(cluster, namespace, kind, "again")]
+        controllers = {
+            ref["uid"]
+            for c in children
+            for ref in c["metadata"].get("ownerReferences", [])
+            if ref.get("controller")
+        }
+        running = _status(cluster, namespace, "again").get("phase") == "Running"
+        return running and len(children) == 3 and controllers == {uid}
+
+    _wait_for(runs_on_its_own_children, 90, "the new job Running on its own children", operator)
+    events = _get(cluster, namespace, "events", "--field-selector", f"involvedObject.uid={uid}")["items"]
+    assert [e["reason"] for e in events].count("CreatedWorkers") == 1, [e["message"] for e in events]
+    cluster.kubectl("-n", namespace, "delete", "tj", "again", "--wait=false")
+
+
 def test_operator_killed_mid_reconcile_creates_no_duplicates_and_every_job_finishes(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -326,6 +326,9 @@ def start_cluster(
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # On top of the defaults, as OpenShift and hardened distributions run: creating an object
+                # whose ownerReference sets blockOwnerDeletion needs update on the owner's finalizers.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
                 "--v=1",
             ],

@@ -81,9 +81,14 @@ The RBAC rules the operator needs in every namespace it watches: exactly the ver
 - trainingjobs: kopf lists/watches them and patches its bookkeeping annotations; the controller gets one
   before each reconcile and deletes a finished one when ttlSecondsAfterFinished expires.
   trainingjobs/status: status is only ever merge-patched (by the controller and by kopf's progress store).
-- jobs (batch): kopf watches the workers' Jobs (label-selected); the controller lists, creates and
-  deletes them (group restart, suspend, cleanup). Never patched.
-- services: the controller gets, creates and deletes one headless Service per TrainingJob; not watched.
+  trainingjobs/finalizers: update, never used as a request: every child's ownerReference sets
+  blockOwnerDeletion (a foreground deletion of the TrainingJob waits for its children), and the
+  OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters) refuses that
+  unless the creator may update the owner's finalizers.
+- jobs (batch): the informers list and watch the workers' Jobs (label-selected); the controller creates
+  and deletes them (group restart, suspend, cleanup) and gets one only when a create answers 409
+  AlreadyExists, to see who controls it. Never patched.
+- services: the same for the one headless Service per TrainingJob.
 - pods: read-only. kopf watches them and the controller lists them for exit codes, readiness and why a
   worker is Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
 - events (core v1): kopf and the controller create one per transition; neither patches events.
@@ -100,12 +105,15 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingjobs/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
