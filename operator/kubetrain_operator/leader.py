@@ -25,6 +25,8 @@ The semantics are client-go's (k8s.io/client-go/tools/leaderelection):
 
 A replica runs nothing (no kopf, no controller, no informers) until it holds the Lease. A replica that
 shuts down cleanly fences itself and then releases the Lease, so a rolling update hands over at once.
+The identity is the pod's name: a restarted container of the same pod finds itself the holder and leads
+at once, which is safe because the kubelet killed the previous container before starting it.
 
 The decisions are pure functions of the observed Lease and this replica's clocks (`observe`, `decide`,
 `renewed_spec`, `Timing.deadline`); `LeaderElector` is the thin shell that makes the requests.
