@@ -1,15 +1,17 @@
-"""kubetrain's operator: the TrainingJob API and the kopf controller that runs it.
+"""kubetrain's operator: the TrainingJob API and the controller that runs it under kopf.
 
-Layers, each importing only the ones above it:
+Modules, in order: each imports only modules listed before it (and the torch-free parts of the trainer
+package: its config, contract and exit codes).
 
-- `constants`, `api` (the pydantic models: the one source of truth for the CRD), `names`;
-- `builders` (pure child manifests), `observe` (pure reading of child objects), `failure`, `status`,
-  `admission` (what the operator's flags let a spec ask for), `reconcile` (the pure planner: spec +
-  observed children -> actions);
-- `crdgen` (CRD YAML from the models), `metrics`;
-- `handlers` (the thin kopf shell that executes plans), `main` (operator settings and start), `cli`.
-
-Nothing here imports torch: the trainer package is imported only for its torch-free config and contract.
+- The API: `constants`, `api` (the pydantic models, the one source of truth for the CRD), `names`.
+- The pure core, no I/O: `observe` (reading child objects), `status`, `failure`, `builders` (child
+  manifests), `admission` (what the operator's flags let a spec ask for), `reconcile` (the planner:
+  spec + observed children -> plan), `crdgen` and `apidocs` (the CRD YAML and its docs, from the models).
+- The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
+  that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
+  `localrun` (local mode: a TrainingJob's workers as local processes), `controller` (the work queue and
+  plan execution), `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings
+  and start) and `cli`.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
-                       [--liveness URL] [--peering NAME --priority N | --leader-elect]
+                       [--liveness URL] [--leader-elect]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
@@ -95,8 +95,6 @@ def _parser() -> argparse.ArgumentParser:
         default=env.liveness or "",
         help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz",
     )
-    op.add_argument("--peering", default=env.peering, help="kopf peering name for HA; default standalone")
-    op.add_argument("--priority", type=int, default=env.priority, help="peering priority of this replica")
     op.add_argument(
         "--posting-level", default=env.posting_level, help="kopf log level posted as k8s Events (WARNING)"
     )
@@ -113,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         "--leader-elect",
         action="store_true",
         default=env.leader_elect,
-        help="run only while holding a coordination.k8s.io Lease (HA replicas without peering)",
+        help="run only while holding a coordination.k8s.io Lease (the HA mode for several replicas)",
     )
     op.add_argument(
         "--leader-election-namespace",
@@ -188,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             worker_service_account=args.worker_service_account,
             metrics_port=args.metrics_port,
             liveness=args.liveness or None,
-            peering=args.peering,
-            priority=args.priority,
             posting_level=args.posting_level,
             workers=args.workers,
             resync_seconds=args.resync_seconds,

@@ -9,7 +9,7 @@ from the controller's reconcile, audit and event threads, never from kopf's even
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -100,11 +100,21 @@ def collection_path(kind: str, namespace: str | None) -> str:
 class Kube:
     """The operations the operator needs, on dicts."""
 
-    def __init__(self, api_client: Any = None, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        api_client: Any = None,
+        request_timeout: float = 30.0,
+        fence: Callable[[], None] | None = None,
+        user_agent: str | None = None,
+    ) -> None:
+        """`fence` is called right before every request that is not a GET and raises to stop it: the
+        leader election's check that this replica still leads (`leader.LeaderElector.check`).
+        `user_agent` names the caller in the API server's audit log (without `api_client` only)."""
         if api_client is None:
-            api_client = make_api_client()
+            api_client = make_api_client(user_agent)
         self._client = api_client
         self._timeout = request_timeout
+        self._fence = fence
 
     def request(
         self,
@@ -114,14 +124,16 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> dict[str, Any]:
+        """One request, answered within `timeout` seconds (default: the client's request timeout)."""
         response = self._send(
             method,
             url,
             query=query or [],
             body=body,
             content_type=content_type,
-            timeout=self._timeout,
+            timeout=self._timeout if timeout is None else timeout,
             preload=True,
         )
         return _payload(response.status, response.reason, response.data)
@@ -152,6 +164,8 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
+        if self._fence is not None and method != "GET":
+            self._fence()  # as late as possible: nothing but the send itself comes after it
         try:
             response = self._client.call_api(
                 method, full_url, header_params=headers, body=serialized, _request_timeout=timeout
@@ -165,10 +179,15 @@ class Kube:
     # --- objects
 
     def get(
-        self, kind: str, namespace: str, name: str, api_version: str | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        api_version: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any] | None:
         try:
-            return self.request("GET", path(kind, namespace, name, api_version=api_version))
+            return self.request("GET", path(kind, namespace, name, api_version=api_version), timeout=timeout)
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -222,16 +241,17 @@ class Kube:
             if not token:
                 return
 
-    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def create(self, manifest: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         namespace = manifest["metadata"]["namespace"]
         return self.request(
             "POST",
             path(manifest["kind"], namespace, api_version=manifest.get("apiVersion")),
             query=[("fieldManager", constants.FIELD_MANAGER)],
             body=manifest,
+            timeout=timeout,
         )
 
-    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def replace(self, manifest: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """PUT the whole object; its metadata.resourceVersion makes a concurrent change fail with 409."""
         meta = manifest["metadata"]
         return self.request(
@@ -239,6 +259,7 @@ class Kube:
             path(manifest["kind"], meta["namespace"], meta["name"], api_version=manifest.get("apiVersion")),
             query=[("fieldManager", constants.FIELD_MANAGER)],
             body=manifest,
+            timeout=timeout,
         )
 
     def delete(
@@ -271,8 +292,9 @@ class Kube:
         )
 
 
-def make_api_client() -> Any:
-    """An ApiClient from the in-cluster service account, else from the kubeconfig."""
+def make_api_client(user_agent: str | None = None) -> Any:
+    """An ApiClient from the in-cluster service account, else from the kubeconfig. `user_agent` names the
+    caller in the API server's audit log (the operator puts its replica identity there)."""
     from kubernetes import client, config
 
     try:
@@ -283,4 +305,7 @@ def make_api_client() -> Any:
     # The default pool (5 x CPUs) is smaller than the threads calling the API (kopf's pool plus the
     # scheduler's): the overflow would open a TLS connection per request and discard it.
     configuration.connection_pool_maxsize = POOL_SIZE
-    return client.ApiClient(configuration)
+    api_client = client.ApiClient(configuration)
+    if user_agent is not None:
+        api_client.user_agent = user_agent
+    return api_client

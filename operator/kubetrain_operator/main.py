@@ -8,10 +8,6 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - `--default-image` (env KUBETRAIN_DEFAULT_IMAGE): the image of TrainingJobs without spec.image;
 - `--metrics-port` (env KUBETRAIN_METRICS_PORT, default 8080, 0 disables): Prometheus /metrics;
 - `--liveness` (env KUBETRAIN_LIVENESS, default http://0.0.0.0:8081/healthz, empty disables);
-- `--peering NAME` (env KUBETRAIN_PEERING): kopf peering for HA replicas (needs kopf's peering CRDs and a
-  distinct `--priority` per replica, or equal-priority replicas all pause); default standalone. Peering
-  pauses only kopf's watches: a paused replica's scheduler still re-checks the jobs it saw before the pause
-  (harmless, every write is guarded by resourceVersion, but wasted work), so prefer `--leader-elect`;
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
   become Events on the TrainingJob (the operator posts its own transition Events regardless);
 - `--workers` (env KUBETRAIN_WORKERS, default 16): the controller's reconcile threads (kopf's own
@@ -26,7 +22,10 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
   `spec.storage` and `spec.serviceAccountName` (see `admission`); unset allows everything, empty nothing;
 - `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
   `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
-  $POD_NAMESPACE): standbys run nothing until they hold it (see `leader`); the alternative to peering.
+  $POD_NAMESPACE): standbys run nothing until they hold it, and every write of the leader is fenced by
+  its renew deadline (see `leader`). The only HA mode: kopf runs standalone, because kopf's peering
+  pauses only kopf's own watches while the informers, the queue and the reconcile threads of a paused
+  replica would go on acting from a frozen cache.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from typing import Any
 import kopf
 
 from kubetrain_operator import (
+    __version__,
     admission,
     constants,
     events,
@@ -64,8 +64,6 @@ class Options:
     worker_service_account: str | None = None
     metrics_port: int = 8080
     liveness: str | None = "http://0.0.0.0:8081/healthz"
-    peering: str | None = None
-    priority: int = 0
     posting_level: str = "WARNING"
     workers: int = 16
     resync_seconds: float = reconcile.RESYNC_SECONDS
@@ -88,8 +86,6 @@ class Options:
             worker_service_account=env.get("KUBETRAIN_WORKER_SERVICE_ACCOUNT") or None,
             metrics_port=int(env.get("KUBETRAIN_METRICS_PORT", cls.metrics_port)),
             liveness=env.get("KUBETRAIN_LIVENESS", cls.liveness) or None,
-            peering=env.get("KUBETRAIN_PEERING") or None,
-            priority=int(env.get("KUBETRAIN_PRIORITY", 0)),
             posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
             workers=int(env.get("KUBETRAIN_WORKERS", cls.workers)),
             leader_elect=env.get("KUBETRAIN_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
@@ -120,9 +116,13 @@ def _names(value: str | None) -> list[str] | None:
     return None if value is None else [name.strip() for name in value.split(",") if name.strip()]
 
 
-_state: dict[str, Options] = {"options": Options()}
+_state: dict[str, Any] = {"options": Options(), "fence": None}
+"""What `run` hands to kopf's startup handler: the options, and the leader's write fence (or None)."""
 
 LOG_FORMATS = ("plain", "full", "json")
+
+LOST_LEASE_EXIT_CODE = 1
+"""The exit status of a leader that lost its Lease: its Deployment restarts it as a standby."""
 
 LIST_CHUNK = 500
 """Objects per page of kopf's initial listings."""
@@ -141,7 +141,6 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
-    settings.peering.priority = options.priority
     # With literal namespaces the operator needs no cluster-wide view: without this, kopf spends about a
     # minute retrying namespace and CRD listings that a namespaced Role refuses before it starts serving.
     # Glob patterns still need the scan (kopf resolves them by watching namespaces).
@@ -149,7 +148,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         any(char in pattern for char in "*?[") for pattern in options.watched_namespaces()
     )
 
-    client = kube.Kube()
+    client = kube.Kube(fence=_state["fence"], user_agent=_user_agent())
     controller = Controller(
         client,
         ClusterCache(),
@@ -214,13 +213,12 @@ def run(options: Options) -> None:
         # The controller logs every transition it acts on at INFO.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     elector = _lead(options) if options.leader_elect else None
+    _state["fence"] = elector.check if elector is not None else None
     try:
         kopf.run(
             clusterwide=options.all_namespaces,
             namespaces=options.watched_namespaces(),
-            standalone=options.peering is None,
-            peering_name=options.peering,
-            priority=options.priority,
+            standalone=True,
             liveness_endpoint=options.liveness,
             memo=kopf.Memo(),
         )
@@ -229,11 +227,20 @@ def run(options: Options) -> None:
             elector.release()
 
 
+def identity() -> str:
+    """This replica's name in the Lease and in the API server's audit log: the pod's name in a cluster."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _user_agent() -> str:
+    return f"kubetrain-operator/{__version__} ({identity()})"
+
+
 def _lead(options: Options) -> leader.LeaderElector:
-    """Block until this replica holds the Lease; exit the process the moment it is lost."""
-    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    """Block until this replica holds the Lease; end the process the moment it is lost."""
     namespace = options.leader_election_namespace or os.environ.get("POD_NAMESPACE", "default")
-    elector = leader.LeaderElector(kube.Kube(), namespace, identity, name=options.leader_election_id)
+    client = kube.Kube(user_agent=_user_agent())
+    elector = leader.LeaderElector(client, namespace, identity(), name=options.leader_election_id)
     elector.wait_for_leadership()
-    elector.keep_renewing(on_lost=lambda: os._exit(1))
+    elector.keep_renewing(on_lost=lambda: os._exit(LOST_LEASE_EXIT_CODE))
     return elector

@@ -8,6 +8,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -15,6 +17,49 @@ from testcluster import manifests
 from testcluster.cluster import Cluster
 from testcluster.operator_process import OperatorProcess
 from testcluster.waiting import wait_for
+
+WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "namespaces": ["kube-node-lease"]},  # kwok's node heartbeats
+        {
+            "level": "Metadata",
+            "verbs": WRITE_VERBS,
+            "resources": [
+                {"group": "", "resources": ["services", "events"]},
+                {"group": "batch", "resources": ["jobs"]},
+                {"group": "kubetrain.io", "resources": ["trainingjobs", "trainingjobs/status"]},
+                {"group": "coordination.k8s.io", "resources": ["leases"]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
+"""Audit every write an operator can make (children, status, events, its Lease), and nothing else: the
+Metadata level records who (user agent), what, and when the API server received it."""
+
+
+def writes_by(audit_log: Path, user_agent_part: str, since: datetime) -> list[str]:
+    """The writes whose user agent contains `user_agent_part` that the API server received at or after
+    `since`, as 'VERB resource/name (status code)' lines."""
+    found = []
+    for line in audit_log.read_text().splitlines():
+        entry = json.loads(line)
+        if user_agent_part not in entry.get("userAgent", "") or entry.get("verb") not in WRITE_VERBS:
+            continue
+        received = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if received >= since:
+            ref = entry.get("objectRef", {})
+            code = entry.get("responseStatus", {}).get("code")
+            found.append(
+                f"{entry['verb']} {ref.get('resource')}/{ref.get('name', '')} ({code}) at {received}"
+            )
+    return found
+
 
 PHASE_RANK = {None: -2, "Restarting": -1, "Pending": 0, "Running": 1, "Succeeded": 2, "Failed": 2}
 """Where a phase lies in one attempt: a status may only move forward through (restarts, rank)."""

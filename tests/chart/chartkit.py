@@ -47,9 +47,6 @@ CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
 )
 """Only when watching all namespaces: kopf re-scans CRDs at run time to notice (re)installed resources."""
 
-PEERING_NEEDS_NAMESPACED = tuple(("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch"))
-PEERING_NEEDS_CLUSTER = tuple(("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch"))
-
 LEADER_NEEDS_BY_NAME = tuple(("coordination.k8s.io", "leases", verb) for verb in ("get", "update"))
 """Leader election: the chart creates the Lease; the operator reads and renews that one object by name."""
 

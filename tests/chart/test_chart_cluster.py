@@ -13,6 +13,7 @@ import re
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,7 +29,6 @@ from chartkit import (
     LEADER_NEEDS_BY_NAME,
     NOT_NEEDED,
     OPERATOR_NEEDS,
-    PEERING_NEEDS_NAMESPACED,
     REPO_ROOT,
     exec_form,
     helm,
@@ -53,7 +53,6 @@ RELEASE_KINDS = (
     "services",
     "roles.rbac.authorization.k8s.io",
     "rolebindings.rbac.authorization.k8s.io",
-    "kopfpeerings.kopf.dev",
     "leases.coordination.k8s.io",
 )
 KOPF_SCAN_REFUSAL = re.compile(
@@ -67,7 +66,6 @@ CLUSTER_KINDS = (
     "validatingadmissionpolicybindings.admissionregistration.k8s.io",
     "clusterroles.rbac.authorization.k8s.io",
     "clusterrolebindings.rbac.authorization.k8s.io",
-    "clusterkopfpeerings.kopf.dev",
 )
 
 
@@ -219,26 +217,23 @@ def test_upgrade_with_changed_values_rolls_the_deployment_and_swaps_cluster_rbac
     assert [entry["revision"] for entry in history] == [1, 2]
 
 
-@pytest.mark.parametrize("ha", ["peering", "leaderElection"])
-def test_uninstall_leaves_nothing_but_the_crds(
-    chart: Chart, namespace: str, other_namespace: str, release: str, ha: str
+def test_uninstall_leaves_nothing_but_the_crd(
+    chart: Chart, namespace: str, other_namespace: str, release: str
 ) -> None:
-    """Everything from templates/ goes, the HA objects (peering objects, the Lease) included; CRDs from
-    crds/ stay by Helm's design (deleting a CRD would delete every TrainingJob), as NOTES.txt says."""
+    """Everything from templates/ goes, the leader-election Lease included; the CRD from crds/ stays by
+    Helm's design (deleting a CRD would delete every TrainingJob), as NOTES.txt says."""
     cluster = chart.cluster
-    chart.install(
-        release, namespace, {"watchNamespaces": [other_namespace], "replicas": 2, ha: {"enabled": True}}
-    )
+    values = {"watchNamespaces": [other_namespace], "replicas": 2, "leaderElection": {"enabled": True}}
+    chart.install(release, namespace, values)
     selector = f"app.kubernetes.io/instance={release}"
     created = cluster.kubectl("get", ",".join(RELEASE_KINDS), "-A", "-l", selector, "-o", "name")
-    ha_object = "kopfpeering" if ha == "peering" else "lease.coordination"
     for kind in (
         "deployment.apps/",
         "serviceaccount/",
         "service/",
         "role.rbac",
         "rolebinding.rbac",
-        ha_object,
+        "lease.coordination",
     ):
         assert kind in created, f"{kind} missing before uninstall:\n{created}"
 
@@ -250,8 +245,7 @@ def test_uninstall_leaves_nothing_but_the_crds(
     assert not leftovers.strip(), leftovers
     wait_for(lambda: not operator_pods(cluster, namespace, release), "the operator pod to go away")
     assert not chart.run("list", "--namespace", namespace, "-q").strip()
-    for crd in (CRD, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        cluster.kubectl("get", "crd", crd)
+    cluster.kubectl("get", "crd", CRD)
 
 
 def write_token_kubeconfig(cluster: Cluster, path: Path, token: str) -> Path:
@@ -320,7 +314,8 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
     chart: Chart, namespace: str, other_namespace: str, release: str, tmp_path: Path
 ) -> None:
     cluster = chart.cluster
-    chart.install(release, namespace, {"watchNamespaces": [other_namespace], "peering": {"enabled": True}})
+    values = {"watchNamespaces": [other_namespace], "replicas": 2, "leaderElection": {"enabled": True}}
+    chart.install(release, namespace, values)
     kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
     # Sanity: the kubeconfig really is the ServiceAccount, not the admin.
     whoami = json.loads(subprocess.run(
@@ -331,7 +326,8 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
         whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:{fullname(release)}"
     )
 
-    needed = [(other_namespace, *need) for need in OPERATOR_NEEDS + PEERING_NEEDS_NAMESPACED]
+    needed: list[Check] = [(other_namespace, *need) for need in OPERATOR_NEEDS]
+    needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
     refused = [
         *((other_namespace, "", resource, verb) for resource in FORBIDDEN_RESOURCES if resource != "nodes"
           for verb in ("get", "list", "watch", "create")),
@@ -373,7 +369,7 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
         for verb in ("get", "list", "watch")
     ]
     refused += [(other_namespace, *extra) for extra in NOT_NEEDED]
-    refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # peering is off
+    refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # no kopf peering
     refused += [(namespace, *need, "kube-controller-manager") for need in LEADER_NEEDS_BY_NAME]
     refused += [(other_namespace, *need) for need in LEADER_NEEDS_BY_NAME]
     refused += [(ns, "coordination.k8s.io", "leases", "create") for ns in everywhere]
@@ -396,7 +392,7 @@ def local_ports(args: list[str]) -> list[str]:
 
 
 def start_operator(chart: Chart, namespace: str, release: str, pod_id: str) -> subprocess.Popen[bytes]:
-    """`kubetrain operator` exactly as the chart's pod runs it (command, arguments, POD_ID), on this
+    """`kubetrain operator` exactly as the chart's pod runs it (command, arguments, POD_NAME), on this
     machine: only the ports are local, and the only credential is the chart's ServiceAccount token."""
     cluster = chart.cluster
     container = get_json(cluster, "deployment", fullname(release), "-n", namespace)["spec"]["template"][
@@ -407,7 +403,6 @@ def start_operator(chart: Chart, namespace: str, release: str, pod_id: str) -> s
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
-        "POD_ID": pod_id,
         "POD_NAME": pod_id,
         "POD_NAMESPACE": namespace,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -420,18 +415,13 @@ def start_operator(chart: Chart, namespace: str, release: str, pod_id: str) -> s
 
 
 def stop_operator(operator: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (kopf shuts down gracefully and withdraws from the peering), SIGKILL after a grace."""
+    """SIGTERM (kopf shuts down gracefully and a leader releases its Lease), SIGKILL after a grace."""
     processes.stop_group(operator.pid)
     operator.wait(timeout=30)
 
 
 def operator_log(chart: Chart, pod_id: str) -> str:
     return (chart.directory / f"{pod_id}.log").read_text(errors="replace")
-
-
-def active_in_peering(log: str) -> bool:
-    """Whether kopf's last peering decision in `log` was to run: with `--peering` it starts paused."""
-    return log.rfind("Resuming operations after the pause") > log.rfind("Pausing operations")
 
 
 def crd_serves_lists(cluster: Cluster) -> bool:
@@ -463,7 +453,7 @@ def finished_phase(cluster: Cluster, namespace: str, name: str, timeout: float =
     "mode",
     [
         # kopf retries its refused cluster-wide scans for about a minute before falling back.
-        pytest.param("namespaced-with-peering", marks=pytest.mark.slow),
+        pytest.param("namespaced-with-leader-election", marks=pytest.mark.slow),
         "cluster-wide",
     ],
 )
@@ -474,12 +464,12 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     ENTRYPOINT unless the chart overrides it) and arguments, authenticated only by the chart's
     ServiceAccount token, reconciles a TrainingJob to Succeeded. The job's namespace enforces
     `restricted`, so the worker pods the operator builds by default are admitted there.
-    Namespaced with peering is the narrowest grant (Roles only) with the most moving parts; cluster-wide
-    is the ClusterRole, without any namespace permissions."""
+    Namespaced with leader election is the narrowest grant (Roles only, the Lease by name) with the most
+    moving parts; cluster-wide is the ClusterRole, without any namespace permissions."""
     cluster = chart.cluster
     label_restricted(cluster, other_namespace)
-    namespaced = mode == "namespaced-with-peering"
-    values = {"watchNamespaces": [other_namespace], "peering": {"enabled": True}} if namespaced else {}
+    namespaced = mode == "namespaced-with-leader-election"
+    values = {"watchNamespaces": [other_namespace], "leaderElection": {"enabled": True}} if namespaced else {}
     chart.install(release, namespace, values)
     pod_id = f"{fullname(release)}-0000000000-local"
     operator = start_operator(chart, namespace, release, pod_id)
@@ -507,53 +497,6 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     refused = [line for line in log.splitlines() if REFUSAL.search(line)]
     unexpected = [line for line in refused if not (namespaced and KOPF_SCAN_REFUSAL.search(line))]
     assert unexpected == [], "\n".join(unexpected)
-
-
-def test_two_peered_replicas_run_one_at_a_time_and_the_standby_takes_over(
-    chart: Chart, namespace: str, other_namespace: str, release: str
-) -> None:
-    """HA as the chart sets it up: two replicas of the pod's command, each deriving its own priority
-    from its pod name, share the ClusterKopfPeering. The lower one pauses; the higher one runs jobs;
-    when it shuts down, the standby resumes and runs the next job."""
-    cluster = chart.cluster
-    chart.install(release, namespace, {"replicas": 2, "peering": {"enabled": True}})
-    # A just-registered CRD answers 429 "storage is (re)initializing" for a moment; kopf retries such a
-    # list even after the peering paused it and then handles what the list returned. Start the replicas
-    # once the CRD serves, as they would in a cluster where it was installed before the Deployment.
-    wait_for(lambda: crd_serves_lists(cluster), "the TrainingJob CRD to serve lists")
-    pods = (f"{fullname(release)}-7f9c8d-aaaaa", f"{fullname(release)}-7f9c8d-bbbbb")
-    operators = {pod: start_operator(chart, namespace, release, pod) for pod in pods}
-    try:
-
-        def both_peered() -> dict[str, int] | None:
-            status = get_json(cluster, "clusterkopfpeering", fullname(release)).get("status") or {}
-            records = {pod: record.get("priority") for pod, record in status.items() if pod in pods}
-            return records if len(records) == 2 else None
-
-        priorities = wait_for(both_peered, "both replicas in the peering", timeout=90)
-        assert len(set(priorities.values())) == 2, priorities
-        active, standby = sorted(pods, key=lambda pod: priorities[pod], reverse=True)
-        wait_for(
-            lambda: (
-                active_in_peering(operator_log(chart, active))
-                and not active_in_peering(operator_log(chart, standby))
-            ),
-            "the higher replica to be the only active one",
-        )
-
-        submit_job(cluster, other_namespace, "while-a-runs")
-        assert finished_phase(cluster, other_namespace, "while-a-runs") == "Succeeded"
-        assert "while-a-runs" in operator_log(chart, active)
-        assert "while-a-runs" not in operator_log(chart, standby)
-
-        stop_operator(operators.pop(active))
-        wait_for(lambda: active_in_peering(operator_log(chart, standby)), "the standby to resume", 90)
-        submit_job(cluster, other_namespace, "after-failover")
-        assert finished_phase(cluster, other_namespace, "after-failover") == "Succeeded"
-        assert "after-failover" in operator_log(chart, standby)
-    finally:
-        for operator in operators.values():
-            stop_operator(operator)
 
 
 def worker_pod(namespace: str, name: str) -> dict[str, Any]:
@@ -697,9 +640,12 @@ def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_ove
         assert "under-first" not in operator_log(chart, second)
         assert "kubetrain operator watching" not in operator_log(chart, second), "a standby must run nothing"
 
+        stopped = time.monotonic()
         stop_operator(operators.pop(first))
         wait_for(lambda: "leading as" in operator_log(chart, second), "the standby to take the Lease", 60)
         assert holder() == second
+        # Released, not expired: the standby took it without waiting out the 15 s lease.
+        assert time.monotonic() - stopped < 15
         submit_job(cluster, other_namespace, "under-second")
         assert finished_phase(cluster, other_namespace, "under-second") == "Succeeded"
         assert "under-second" in operator_log(chart, second)

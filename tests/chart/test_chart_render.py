@@ -6,10 +6,6 @@ tested in test_chart_cluster.py.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,8 +18,6 @@ from chartkit import (
     FORBIDDEN_RESOURCES,
     LEADER_NEEDS_BY_NAME,
     OPERATOR_NEEDS,
-    PEERING_NEEDS_CLUSTER,
-    PEERING_NEEDS_NAMESPACED,
     REPO_ROOT,
     granted,
     helm,
@@ -39,17 +33,14 @@ from kubetrain_operator import cli
 pytestmark = pytest.mark.unit
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
-HA = {"replicas": 2, "peering": {"enabled": True}}
 LEADER = {"replicas": 2, "leaderElection": {"enabled": True}}
-CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
+CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 WORKER_USER = "system:serviceaccount:{}:kubetrain-worker"
 VALUE_SETS = {
     "defaults": {},
     "namespaced": NAMESPACED,
-    "ha-cluster-wide": HA,
-    "ha-namespaced": {**NAMESPACED, **HA, "logLevel": "debug"},
     "leader-election": LEADER,
-    "leader-election-namespaced": {**NAMESPACED, **LEADER},
+    "leader-election-namespaced": {**NAMESPACED, **LEADER, "logLevel": "debug"},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
 }
 
@@ -123,45 +114,17 @@ def test_no_rule_reaches_secrets_or_uses_wildcards_or_escalation(
     assert all(rule["resources"] == ["leases"] for rule in rules if "resourceNames" in rule)
 
 
-def test_peering_is_off_by_default_and_its_crds_are_not_installed(helm_bin: Path, tmp_path: Path) -> None:
-    objects = render(helm_bin, tmp_path, include_crds=True)
-    assert not [o for o in objects if o["kind"] in {"KopfPeering", "ClusterKopfPeering"}]
-    assert not [
-        o for o in of_kind(objects, "CustomResourceDefinition") if "kopf.dev" in o["metadata"]["name"]
-    ]
-    args = operator_container(objects)["args"]
-    assert not [a for a in args if a.startswith("--peering")], "without --peering kopf runs standalone"
-    assert "command" not in operator_container(objects), "the image's own entrypoint runs"
-    assert only(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
-
-
-def test_cluster_wide_peering_ships_crds_cluster_peering_and_its_rbac(helm_bin: Path, tmp_path: Path) -> None:
-    objects = render(helm_bin, tmp_path, HA, include_crds=True)
-    crds = {o["metadata"]["name"] for o in of_kind(objects, "CustomResourceDefinition")}
-    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= crds
-    peering = only(objects, "ClusterKopfPeering")
-    assert f"--peering={peering['metadata']['name']}" in operator_container(objects)["args"]
-    assert peering["metadata"]["name"] == "kt-kubetrain"
-    assert set(PEERING_NEEDS_CLUSTER) <= granted(only(objects, "ClusterRole")["rules"])
-    deployment = only(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 2
-    env = {e["name"]: e for e in operator_container(objects)["env"]}
-    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-
-
-def test_namespaced_peering_puts_a_peering_and_its_rbac_in_each_watched_namespace(
+def test_one_replica_without_election_is_replaced_not_rolled_and_ships_only_the_trainingjob_crd(
     helm_bin: Path, tmp_path: Path
 ) -> None:
-    objects = render(helm_bin, tmp_path, {**NAMESPACED, **HA, "peering": {"enabled": True, "name": "ops"}})
-    peerings = of_kind(objects, "KopfPeering")
-    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
-        ("team-a", "ops"),
-        ("team-b", "ops"),
-    ]
-    assert not of_kind(objects, "ClusterKopfPeering")
-    for role in operator_objects(objects, "Role"):
-        assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(PEERING_NEEDS_NAMESPACED)
-    assert "--peering=ops" in operator_container(objects)["args"]
+    """Recreate: the old operator stops before the new one starts, as nothing else arbitrates."""
+    objects = render(helm_bin, tmp_path, include_crds=True)
+    crds = [o["metadata"]["name"] for o in of_kind(objects, "CustomResourceDefinition")]
+    assert crds == ["trainingjobs.kubetrain.io"]
+    assert "--leader-elect" not in operator_container(objects)["args"]
+    assert "command" not in operator_container(objects), "the image's own entrypoint runs"
+    assert only(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    assert not of_kind(objects, "Lease")
 
 
 def test_operator_pod_meets_the_restricted_pod_security_standard(helm_bin: Path, tmp_path: Path) -> None:
@@ -373,6 +336,7 @@ BAD_VALUES = {
     ),
     "replicas as string": ({"replicas": "2"}, "/replicas"),
     "bad port": ({"liveness": {"port": 70000}}, "/liveness/port"),
+    "kopf peering, no longer an HA mode": ({"peering": {"enabled": True}}, "peering"),
     "unknown volume type": ({"trainingJobPolicy": {"allowedVolumeTypes": ["nfs"]}}, "/trainingJobPolicy"),
 }
 
@@ -406,7 +370,7 @@ def test_training_job_policy_values_become_the_operators_flags(helm_bin: Path, t
 
 
 def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_path: Path) -> None:
-    """Without leader election or peering every replica would reconcile every job."""
+    """Without leader election every replica would reconcile every job."""
     output = helm(
         helm_bin,
         "template",
@@ -417,14 +381,6 @@ def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_pat
         check=False,
     )
     assert "replicas > 1 needs leaderElection.enabled=true" in output
-
-
-def test_both_ha_modes_at_once_are_refused(helm_bin: Path, tmp_path: Path) -> None:
-    values = {**LEADER, "peering": {"enabled": True}}
-    output = helm(
-        helm_bin, "template", "kt", str(CHART_DIR), "-f", str(values_file(tmp_path, values)), check=False
-    )
-    assert "choose one HA mode" in output
 
 
 def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
@@ -452,7 +408,7 @@ def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
     deployment = only(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
-    assert "command" not in container, "leader election needs no per-replica priority"
+    assert "command" not in container, "the image's own entrypoint runs"
     lease = only(objects, "Lease")
     assert lease["metadata"] == {**lease["metadata"], "name": "kt-kubetrain", "namespace": "kubetrain-system"}
     assert lease["spec"] == {}, "the operator owns every spec field"
@@ -488,8 +444,6 @@ def test_operator_cli_accepts_the_rendered_arguments(
     objects = render(helm_bin, tmp_path, values)
     container = operator_container(objects)
     args = ["operator", *container["args"]]
-    if "command" in container:
-        args.insert(1, "--priority=12345")
     parsed = cli._parser().parse_args(args)
     namespaces = values.get("watchNamespaces", [])
     assert parsed.all_namespaces is (not namespaces)
@@ -497,41 +451,9 @@ def test_operator_cli_accepts_the_rendered_arguments(
     assert parsed.default_image == "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
     assert parsed.liveness == "http://0.0.0.0:8081/healthz"
     assert parsed.metrics_port == 8080
-    assert (parsed.peering is not None) is bool(values.get("peering", {}).get("enabled"))
     assert parsed.leader_elect is bool(values.get("leaderElection", {}).get("enabled"))
     assert parsed.verbose is (values.get("logLevel") == "debug")
     assert parsed.log_format == values.get("logFormat", "full")
-
-
-def test_each_peering_replica_runs_the_operator_with_its_own_priority(helm_bin: Path, tmp_path: Path) -> None:
-    """kopf pauses replicas with equal priorities; the pod command derives one per pod name.
-
-    The rendered command runs under /bin/sh with a stand-in `kubetrain` that prints its argv, for two
-    pod names: the priorities differ, are integers, and the chart's arguments arrive unchanged.
-    """
-    container = operator_container(render(helm_bin, tmp_path, HA))
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    fake = fake_bin / "kubetrain"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
-    fake.chmod(0o755)
-    seen = {}
-    for pod in ("kt-kubetrain-5d9c7b6f4-abcde", "kt-kubetrain-5d9c7b6f4-fghij"):
-        env = {**os.environ, "POD_ID": pod, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
-        result = subprocess.run(
-            [*container["command"], *container["args"]],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=30,
-            check=True,
-        )
-        argv = json.loads(result.stdout)
-        assert argv[0] == "operator" and argv[2:] == container["args"], argv
-        flag, _, priority = argv[1].partition("=")
-        assert flag == "--priority" and priority.isdigit(), argv[1]
-        seen[pod] = int(priority)
-    assert len(set(seen.values())) == 2, seen
 
 
 def test_chart_app_version_and_default_image_tags_follow_the_project_version() -> None:

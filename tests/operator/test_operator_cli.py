@@ -109,6 +109,9 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from kubetrain_operator import kube
 
     class NoApi:
+        def __init__(self, **_: object) -> None:
+            pass
+
         def create(self, manifest: dict[str, object]) -> None:
             raise AssertionError("no request expected")
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from testcluster import processes
 from testcluster.cluster import Cluster
 from testcluster.operator_process import OperatorProcess, install_crd
 
@@ -15,7 +16,10 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     install_crd(cluster)
     log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
     process = OperatorProcess(
-        cluster, log, extra_args=("--metrics-port", "0", "--resync-seconds", "2", "--log-format", "json")
+        cluster,
+        log,
+        extra_args=("--resync-seconds", "2", "--log-format", "json"),
+        metrics_port=processes.free_port(),
     )
     process.start()
     try:

@@ -42,21 +42,34 @@ def install_crd(cluster: Cluster) -> None:
 
 
 class OperatorProcess:
-    """`kubetrain operator` in its own process group; `kill()` is a SIGKILL, as a crashing node would do."""
+    """`kubetrain operator` in its own process group; `kill()` is a SIGKILL, as a crashing node would do.
 
-    def __init__(self, cluster: Cluster, log_path: Path, extra_args: tuple[str, ...] = ()) -> None:
+    `env` adds environment variables (e.g. POD_NAME, the replica's identity in a Lease); `metrics_port`
+    serves /metrics there (`metrics_url`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        log_path: Path,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
         self._cluster = cluster
         self._log_path = log_path
-        self._extra_args = extra_args
+        self._extra_args = extra_args + (("--metrics-port", str(metrics_port)) if metrics_port else ())
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
+        self._env = env or {}
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Start the operator and wait until its liveness endpoint answers (kopf serves it once running).
+    def start(self, timeout: float = 60.0, wait_live: bool = True) -> None:
+        """Start the operator and wait until its liveness endpoint answers (kopf serves it once running;
+        a leader-election standby only once it leads: `wait_live=False` returns at once).
 
         Each start gets a free liveness port: operators of concurrent test runs must not collide.
         """
         port = processes.free_port()
-        env = {**os.environ, "KUBECONFIG": str(self._cluster.kubeconfig)}
+        env = {**os.environ, **self._env, "KUBECONFIG": str(self._cluster.kubeconfig)}
         argv = [sys.executable, "-m", "kubetrain_operator.cli", "operator", "--all-namespaces"]
         argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", *self._extra_args]
         with self._log_path.open("ab") as log:
@@ -68,6 +81,8 @@ class OperatorProcess:
                 env=env,
                 start_new_session=True,
             )
+        if not wait_live:
+            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -78,6 +93,16 @@ class OperatorProcess:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError(f"operator not live after {timeout:.0f}s:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    def wait(self, timeout: float) -> int:
+        """The exit status once the process has ended by itself within `timeout` seconds."""
+        assert self._process is not None, "not started"
+        return self._process.wait(timeout)
 
     def kill(self) -> None:
         if self._process is not None:

@@ -78,24 +78,26 @@ app.kubernetes.io/component: operator
 {{/*
 The RBAC rules the operator needs in every namespace it watches: exactly the verbs its code and kopf use
 (tests/chart/chartkit.py OPERATOR_NEEDS lists the same, and the cluster test asks the API server).
-- trainingjobs: kopf lists/watches them and patches its bookkeeping annotations; the controller gets one
-  before each reconcile and deletes a finished one when ttlSecondsAfterFinished expires.
-  trainingjobs/status: status is only ever merge-patched (by the controller and by kopf's progress store).
+- trainingjobs: kopf lists and watches them into the operator's cache and writes nothing on them (no
+  annotations, no finalizer); the controller's audit lists them again every 5 minutes and the controller
+  deletes a finished one when ttlSecondsAfterFinished expires.
+  trainingjobs/status: status is only ever merge-patched, by the controller.
   trainingjobs/finalizers: update, never used as a request: every child's ownerReference sets
   blockOwnerDeletion (a foreground deletion of the TrainingJob waits for its children), and the
   OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters) refuses that
   unless the creator may update the owner's finalizers.
-- jobs (batch): the informers list and watch the workers' Jobs (label-selected); the controller creates
-  and deletes them (group restart, suspend, cleanup) and gets one only when a create answers 409
-  AlreadyExists, to see who controls it. Never patched.
-- services: the same for the one headless Service per TrainingJob.
-- pods: read-only. kopf watches them and the controller lists them for exit codes, readiness and why a
-  worker is Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
-- events (core v1): kopf and the controller create one per transition; neither patches events.
+- jobs (batch): the operator's informers list and watch the workers' Jobs (label-selected) into the
+  cache; the controller creates and deletes them (group restart, suspend, cleanup) and gets one only
+  when a create answers 409 AlreadyExists, to see who controls it. Never patched.
+- services: listed and watched the same way; the controller creates and deletes one headless Service per
+  TrainingJob.
+- pods: read-only, listed and watched (label-selected) for exit codes, readiness and why a worker is
+  Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
+- events (core v1): the controller creates one per transition and kopf posts its log lines at
+  postingLevel and above; neither patches events.
 - podgroups (scheduling.volcano.sh, scheduling.x-k8s.io), per gangSchedulers: a TrainingJob with
   spec.gangScheduling gets one PodGroup, fetched and created by the controller, deleted by the garbage
   collector through its ownerReference.
-- kopfpeerings: only in namespaced mode with peering (kopf's per-namespace keep-alive record).
 No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touches them.
 */}}
 {{- define "kubetrain.namespacedRules" -}}
@@ -125,11 +127,6 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
   resources: ["podgroups"]
   verbs: ["get", "create"]
 {{- end }}
-{{- end }}
-
-{{/* The kopf peering object's name: peering.name, else the release's full name. */}}
-{{- define "kubetrain.peeringName" -}}
-{{- default (include "kubetrain.fullname" .) .Values.peering.name }}
 {{- end }}
 
 {{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}
