@@ -120,7 +120,8 @@ class Trainer:
             augment=config.augment,
             device=self.device,
         )
-        # Each rank validates a strided shard; confusion matrices and loss sums are added across ranks.
+        # Each rank validates a strided shard with rank 0's buffers (the saved model); confusion matrices
+        # and loss sums are added across ranks.
         self.val_shard = self.val_data.subset(torch.arange(world.rank, len(self.val_data), world.world_size))
 
         self.model = models.build(config.model, len(self.classes), config.width)
@@ -289,7 +290,21 @@ class Trainer:
         totals = _all_reduce_sum(totals, self.world.distributed)
         return float(totals[0] / totals[2]), float(totals[1] / totals[2])
 
+    def _adopt_main_buffers(self) -> None:
+        """Give every rank rank 0's buffers (batch-norm running statistics): the model rank 0 saves.
+
+        DDP keeps parameters identical but each rank's last training forward updates its own running
+        statistics, so a shard validated with them would not be the accuracy of `model.pt`.
+        """
+        if not self.world.distributed:
+            return
+        import torch.distributed as dist
+
+        for buffer in self.model.buffers():
+            dist.broadcast(buffer, src=0)
+
     def _validate(self) -> tuple[float, ClassReport]:
+        self._adopt_main_buffers()
         # The plain module, not the DDP wrapper: DDP's forward broadcasts buffers, a collective that would
         # deadlock when the ranks' validation shards differ by one batch.
         result = evaluation.evaluate(
