@@ -268,7 +268,15 @@ def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None)
         return None
     data = best[1]
     out: dict[str, Any] = {}
-    for key, kind in (("epoch", int), ("epochs", int), ("step", int), ("loss", float), ("accuracy", float)):
+    numbers = (
+        ("epoch", int),
+        ("epochs", int),
+        ("step", int),
+        ("loss", float),
+        ("validationLoss", float),
+        ("accuracy", float),
+    )
+    for key, kind in numbers:
         value = data.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             out[key] = kind(value)

@@ -254,7 +254,14 @@ class Trainer:
                     self.checkpointer.save(epoch, self._components(), self._identity())
                 assert self.reporter is not None
                 self.reporter.report(
-                    progress_record(epoch, config.epochs, self.state.step, val_loss, report.accuracy)
+                    progress_record(
+                        epoch,
+                        config.epochs,
+                        self.state.step,
+                        loss=train_loss,
+                        accuracy=report.accuracy,
+                        validation_loss=val_loss,
+                    )
                 )
         if self.state.epoch == self.resumed_from_epoch:  # nothing left to train: recompute the final report
             _, report = self._validate()
