@@ -50,7 +50,10 @@ class DataConfig(_Strict):
         ),
     )
     fake_size: int = Field(
-        512, ge=1, description="fake_size is the number of images FakeData generates (dataset fake only)."
+        512,
+        ge=1,
+        le=1_000_000,
+        description="fake_size is the number of images FakeData generates (dataset fake only). Default 512.",
     )
     cache_decoded: bool = Field(
         True,
@@ -119,7 +122,13 @@ class TrainerConfig(_Strict):
         ),
     )
     seed: int = Field(
-        0, ge=0, description="seed makes data order, augmentation and initialisation reproducible."
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description=(
+            "seed makes data order, augmentation and initialisation reproducible; 0 to 4294967295 (the "
+            "per-epoch generator seeds derived from it must stay within 64 bits). Default 0."
+        ),
     )
     augment: bool = Field(
         False, description="augment applies random crop (padding 4) and horizontal flip to training batches."

@@ -16,7 +16,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from kubetrain_trainer import artifacts, batches, checkpoints, datasets, evaluation, models, optim, plots
+from kubetrain_trainer import (
+    artifacts,
+    batches,
+    checkpoints,
+    datasets,
+    evaluation,
+    memory,
+    models,
+    optim,
+    plots,
+)
 from kubetrain_trainer import config as config_module
 from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.config import TrainerConfig
@@ -106,7 +116,10 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         torch.manual_seed(config.seed)
 
-        full = datasets.load(config.data, config.seed)
+        budget = memory.DataBudget(
+            memory.memory_limit_bytes(), world.local_world_size, config.data.image_size, config.augment
+        )
+        full = datasets.load(config.data, config.seed, budget)
         self.train_data, self.val_data = datasets.split_validation(full, config.data.validation_fraction)
         self.classes = full.classes
         self.preprocessing: Preprocessing = fit_preprocessing(self.train_data.images, config.data.image_size)
