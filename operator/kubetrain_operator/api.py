@@ -800,9 +800,16 @@ class Progress(_Model):
     epoch: int | None = Field(None, description="epoch is the last epoch rank 0 reported (1-based).")
     epochs: int | None = Field(None, description="epochs is the total number of epochs.")
     step: int | None = Field(None, description="step is the last optimizer step reported.")
-    loss: float | None = Field(None, description="loss is the last reported training loss.")
+    loss: float | None = Field(
+        None, description="loss is the mean training loss of the last reported epoch (column Train-Loss)."
+    )
+    validation_loss: float | None = Field(
+        None,
+        description="validationLoss is the last reported loss on the validation split (column Val-Loss).",
+    )
     accuracy: float | None = Field(
-        None, description="accuracy is the last reported evaluation accuracy (0..1)."
+        None,
+        description="accuracy is the last reported validation-split accuracy, 0..1 (column Val-Accuracy).",
     )
     updated_at: str | None = Field(None, description="updatedAt is when rank 0 wrote the report (RFC 3339).")
 

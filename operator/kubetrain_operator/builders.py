@@ -13,8 +13,10 @@ Worker environment (see kubetrain_trainer.contract):
   LOCAL_RANK per process; with one process per worker RANK is the process's rank and LOCAL_RANK is 0);
 - MASTER_ADDR/MASTER_PORT point at worker 0; PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
   PET_MASTER_ADDR, PET_MASTER_PORT carry the same facts in the form torchrun reads as defaults;
-- KUBETRAIN_JOB_NAME and KUBETRAIN_RESTART_ATTEMPT key checkpoints; KUBETRAIN_TRAINER_CONFIG holds the
-  built-in trainer's config as JSON; KUBETRAIN_POD_NAME/NAMESPACE come from the downward API.
+- KUBETRAIN_JOB_NAME and KUBETRAIN_RESTART_ATTEMPT key checkpoints, KUBETRAIN_JOB_UID keeps a new job
+  of the same name from resuming them; KUBETRAIN_TRAINER_CONFIG holds the built-in trainer's config as
+  JSON; KUBETRAIN_TERMINATION_LOG is the terminationMessagePath where a failing process records its exit
+  code; KUBETRAIN_POD_NAME/NAMESPACE come from the downward API.
 """
 
 from __future__ import annotations
@@ -152,7 +154,9 @@ def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
         (contract.PET_MASTER_ADDR, master),
         (contract.PET_MASTER_PORT, port),
         (contract.JOB_NAME, ctx.owner.name),
+        (contract.JOB_UID, ctx.owner.uid),
         (contract.RESTART_ATTEMPT, str(ctx.restart_attempt)),
+        (contract.TERMINATION_LOG, contract.TERMINATION_LOG_PATH),
     ]
     if spec.trainer is not None:
         values.append(
@@ -245,6 +249,9 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         ],
         "volumeMounts": mounts,
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+        # The trainer records its exit code there (torchrun exits 1 for any child); when nothing was
+        # recorded, the log's tail (torchrun's failure report) is the message.
+        "terminationMessagePath": contract.TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if args:

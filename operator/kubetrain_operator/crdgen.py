@@ -58,16 +58,22 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
-        "name": "Loss",
+        "name": "Train-Loss",
         "type": "number",
         "jsonPath": ".status.progress.loss",
-        "description": "Last training loss.",
+        "description": "Mean training loss of the last reported epoch.",
     },
     {
-        "name": "Accuracy",
+        "name": "Val-Loss",
+        "type": "number",
+        "jsonPath": ".status.progress.validationLoss",
+        "description": "Validation loss of the last reported epoch.",
+    },
+    {
+        "name": "Val-Accuracy",
         "type": "number",
         "jsonPath": ".status.progress.accuracy",
-        "description": "Last evaluation accuracy.",
+        "description": "Validation accuracy of the last reported epoch.",
         "priority": 1,
     },
     {

@@ -14,6 +14,7 @@ operator), and the run ends with the status the operator would report.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +33,7 @@ from typing import Any, TextIO
 
 import pydantic
 import yaml
-from kubetrain_trainer import contract
+from kubetrain_trainer import contract, termination
 
 from kubetrain_operator import api, builders, failure
 from kubetrain_operator.observe import Worker
@@ -39,6 +41,8 @@ from kubetrain_operator.observe import Worker
 _VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _LOCAL_FIELDS = {"spec.nodeName": "localhost", "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
 STOP_GRACE_SECONDS = 10.0
+LOG_TAIL_LINES = 80
+"""Like the kubelet's FallbackToLogsOnError: a worker that recorded nothing is explained by its log's tail."""
 
 
 class LocalRunError(ValueError):
@@ -209,12 +213,22 @@ class _Group:
         self._lock = threading.Lock()
         self.processes: list[subprocess.Popen[str]] = []
         self._streams: list[threading.Thread] = []
+        self._tails = [collections.deque[str](maxlen=LOG_TAIL_LINES) for _ in workers]
+        # Each worker's terminationMessagePath: an empty file, as the kubelet provides.
+        self._records = tempfile.TemporaryDirectory(prefix="kubetrain-termination-")
+        self.termination_logs = [Path(self._records.name) / f"worker-{w.index}" for w in workers]
         # The venv running us comes first on PATH, so `kubetrain` and `torchrun` resolve to its copies.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        for worker in workers:
+        for worker, termination_log in zip(workers, self.termination_logs, strict=True):
+            termination_log.touch()
             process = subprocess.Popen(
                 worker.argv,
-                env={**os.environ, "PATH": path, **worker.env},
+                env={
+                    **os.environ,
+                    "PATH": path,
+                    **worker.env,
+                    contract.TERMINATION_LOG: str(termination_log),
+                },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -229,6 +243,7 @@ class _Group:
     def _stream(self, index: int, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
+            self._tails[index].append(line)
             with self._lock:
                 self._out.write(f"[worker-{index}] {line}")
                 self._out.flush()
@@ -251,6 +266,11 @@ class _Group:
         for stream in self._streams:
             stream.join(timeout=5)
 
+    def termination_message(self, index: int) -> str:
+        """What the kubelet would report for worker `index`: its recorded exit, else its log's tail."""
+        recorded = self.termination_logs[index].read_text(encoding="utf-8", errors="replace")
+        return recorded or "".join(self._tails[index])
+
     def wait(self, attempt: int) -> list[Worker]:
         """Wait until every worker succeeded or one failed (then stop the rest), and report each one."""
         finished_at: dict[int, str] = {}
@@ -266,20 +286,20 @@ class _Group:
         failed_first = {i for i, p in enumerate(self.processes) if p.returncode not in (None, 0)}
         self.stop()
         # Workers stopped because another failed are reported as the operator saw them: still running.
-        return [
-            Worker(
-                index=index,
-                attempt=attempt,
-                phase="succeeded"
-                if process.returncode == 0
-                else "failed"
-                if index in failed_first
-                else "running",
-                exit_code=process.returncode if process.returncode >= 0 else 128 - process.returncode,
-                finished_at=finished_at.get(index),
+        workers = []
+        for index, process in enumerate(self.processes):
+            code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+            workers.append(
+                Worker(
+                    index=index,
+                    attempt=attempt,
+                    phase="succeeded" if code == 0 else "failed" if index in failed_first else "running",
+                    exit_code=termination.recorded_exit_code(code, self.termination_message(index)),
+                    finished_at=finished_at.get(index),
+                )
             )
-            for index, process in enumerate(self.processes)
-        ]
+        self._records.cleanup()
+        return workers
 
 
 @dataclasses.dataclass(frozen=True)

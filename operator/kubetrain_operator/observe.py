@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from kubetrain_trainer import contract
+from kubetrain_trainer import contract, termination
 
 from kubetrain_operator import constants
 
@@ -123,11 +123,14 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
         )
     if phase == "Failed" or terminated:
         terminated = terminated or {}
+        message = (terminated.get("message") or status.get("message") or "").strip() or None
+        record = termination.parse_record(message)
         return Worker(
             phase="failed",
-            exit_code=terminated.get("exitCode"),
+            # A launcher (torchrun) exits 1 for any failed child: the child's recorded code decides.
+            exit_code=termination.recorded_exit_code(terminated.get("exitCode"), message),
             reason=terminated.get("reason") or status.get("reason") or "Failed",
-            message=(terminated.get("message") or status.get("message") or "").strip() or None,
+            message=(record.message or None) if record else message,
             finished_at=terminated.get("finishedAt"),
             **base,
         )
@@ -274,7 +277,15 @@ def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None)
         return None
     data = best[1]
     out: dict[str, Any] = {}
-    for key, kind in (("epoch", int), ("epochs", int), ("step", int), ("loss", float), ("accuracy", float)):
+    numbers = (
+        ("epoch", int),
+        ("epochs", int),
+        ("step", int),
+        ("loss", float),
+        ("validationLoss", float),
+        ("accuracy", float),
+    )
+    for key, kind in numbers:
         value = data.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             out[key] = kind(value)

@@ -165,3 +165,30 @@ def test_built_in_trainer_runs_real_ddp_locally(tmp_path: Path) -> None:
     assert "trainingjob/tiny: Succeeded" in completed.stdout
     assert (tmp_path / "output" / "tiny" / "model.pt").is_file()
     assert (tmp_path / "output" / "tiny" / "metrics.json").is_file()
+
+
+def test_a_data_error_under_torchrun_fails_at_once_with_the_trainers_code(tmp_path: Path) -> None:
+    job = api.TrainingJob.model_validate(
+        {
+            "apiVersion": "kubetrain.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "nodata"},
+            "spec": {
+                "workers": 1,
+                "nprocPerWorker": 2,
+                "trainer": {
+                    "device": "cpu",
+                    "data": {"dataset": "imagefolder", "root": "/data/missing"},
+                    "output_dir": "/output",
+                },
+                "storage": [
+                    {"name": "data", "mountPath": "/data", "emptyDir": {}},
+                    {"name": "output", "mountPath": "/output", "emptyDir": {}},
+                ],
+                "runPolicy": {"maxRestarts": 2},
+            },
+        }
+    )
+    result = localrun.run_local(job, localrun.mount_directories(job.spec, {}, tmp_path))
+    assert (result.phase, result.reason, result.restarts) == ("Failed", "NonRetryableExitCode", 0)
+    assert "exited with code 3 (data error)" in result.message, result.message

@@ -54,6 +54,9 @@ def test_env_contract_for_every_rank(workers: int, nproc: int | str, resources: 
         assert ("LOCAL_RANK" in env) == (expected_nproc == 1)
         assert env["KUBETRAIN_JOB_NAME"] == "demo"
         assert env["KUBETRAIN_RESTART_ATTEMPT"] == "3"
+        assert env["KUBETRAIN_JOB_UID"] == UID  # checkpoints resume this TrainingJob only
+        container = builders.build_worker_job(ctx, index)["spec"]["template"]["spec"]["containers"][0]
+        assert env["KUBETRAIN_TERMINATION_LOG"] == container["terminationMessagePath"]
         assert env["KUBETRAIN_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         assert env["KUBETRAIN_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 

@@ -108,7 +108,9 @@ def test_subresource_and_printer_columns() -> None:
     assert columns["Ready"] == ".status.workersReady"
     assert columns["Restarts"] == ".status.restarts"
     assert columns["Epoch"] == ".status.progress.epoch"
-    assert columns["Loss"] == ".status.progress.loss"
+    assert columns["Train-Loss"] == ".status.progress.loss"
+    assert columns["Val-Loss"] == ".status.progress.validationLoss"
+    assert columns["Val-Accuracy"] == ".status.progress.accuracy"
     assert columns["Age"] == ".metadata.creationTimestamp"
     names = crdgen.crd()["spec"]["names"]
     assert names["shortNames"] == ["tj"] and names["plural"] == "trainingjobs"

@@ -116,3 +116,18 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
     assert st.get_condition(status, "Running")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert st.set_condition(status, "Running", False, "C", "c", t2)
     assert st.get_condition(status, "Running")["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("message", "exit_code"),
+    [
+        ('{"exitCode": 3, "reason": "DATA_ERROR", "message": "no images under /data"}\n', 3),
+        ("Root Cause (first observed failure):\n[0]:\n  exitcode  : 2 (pid: 7)\n====\n", 2),
+        ("Traceback (most recent call last):\nRuntimeError: boom\n", 1),
+    ],
+    ids=["trainer-record", "torchrun-report", "plain-log"],
+)
+def test_a_worker_under_torchrun_fails_with_the_code_its_child_recorded(message: str, exit_code: int) -> None:
+    failed = pod(0, phase="Failed", exit_code=1)
+    failed["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = message
+    assert observe.read_worker(0, 0, JOBS["active"], [failed]).exit_code == exit_code

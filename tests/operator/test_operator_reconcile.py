@@ -511,6 +511,7 @@ def test_progress_of_rank0_is_copied_to_status_and_kept() -> None:
         "epochs": 10,
         "step": 120,
         "loss": 0.75,
+        "validationLoss": 0.9,
         "accuracy": 0.6,
         "updatedAt": "2026-01-01T00:59:00Z",
     }

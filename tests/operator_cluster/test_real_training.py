@@ -69,5 +69,42 @@ def test_trainingjob_status_comes_from_real_ddp_training(
         time.sleep(0.5)
         status = json.loads(cluster.kubectl("-n", namespace, "get", "tj", "real", "-o", "json"))["status"]
     assert status["progress"]["epoch"] == 2 and status["progress"]["epochs"] == 2, status
-    assert status["progress"]["loss"] > 0
+    assert status["progress"]["loss"] > 0 and status["progress"]["validationLoss"] > 0
     assert list((tmp_path / "volumes").glob("*/real/model.pt")), "rank 0 wrote the model to the output volume"
+
+
+def test_a_data_error_under_torchrun_fails_the_job_at_once_with_code_3(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """torchrun exits 1 for the failed child; the trainer's record in the termination message says 3."""
+    manifest = {
+        "apiVersion": "kubetrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "nodata"},
+        "spec": {
+            "image": "registry.local/kubetrain-trainer:test",
+            "workers": 1,
+            "nprocPerWorker": 2,
+            "trainer": {
+                "device": "cpu",
+                "data": {"dataset": "imagefolder", "root": "/data/missing"},
+                "output_dir": "/output",
+            },
+            "storage": [
+                {"name": "data", "mountPath": "/data", "emptyDir": {}},
+                {"name": "output", "mountPath": "/output", "emptyDir": {}},
+            ],
+            "runPolicy": {"maxRestarts": 2},
+            "podAnnotations": {REAL_ANNOTATION: "true"},
+        },
+    }
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+    kubelet = RealKubelet(cluster, tmp_path)
+    exit_codes = kubelet.run(namespace, "kubetrain.io/job-name=nodata", expected=1)
+    assert list(exit_codes.values()) == [1], "torchrun's own exit code"
+
+    cluster.kubectl("-n", namespace, "wait", "--for=condition=Failed", "tj/nodata", "--timeout=60s")
+    status = json.loads(cluster.kubectl("-n", namespace, "get", "tj", "nodata", "-o", "json"))["status"]
+    assert status["restarts"] == 0
+    assert status["lastFailure"]["exitCode"] == 3, status
+    assert "NonRetryableExitCode" in json.dumps(status["conditions"])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain_operator import localrun
+from kubetrain_trainer import contract
 
 from testcluster.cluster import Cluster
 
@@ -105,6 +106,10 @@ class RealKubelet:
                 "KUBETRAIN_SERVICE_ACCOUNT_DIR": str(account),
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             }
+            # The container's terminationMessagePath, as the kubelet provides it: an empty file per container.
+            termination_log = self._workdir / f"{name}.termination-log"
+            termination_log.write_text("")
+            in_cluster[contract.TERMINATION_LOG] = str(termination_log)
             log = (self._workdir / f"{name}.log").open("wb")
             processes[name] = subprocess.Popen(
                 worker.argv,
@@ -126,8 +131,17 @@ class RealKubelet:
                 raise
         containers = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in pods}
         for name, code in exit_codes.items():
-            self._patch_status(namespace, name, self._terminated_status(containers[name], code, started))
+            status = self._terminated_status(containers[name], code, started, self._termination_message(name))
+            self._patch_status(namespace, name, status)
         return exit_codes
+
+    def _termination_message(self, pod: str) -> str:
+        """The termination-log file, else (FallbackToLogsOnError) the log's last 80 lines, at most 2 KiB."""
+        recorded = (self._workdir / f"{pod}.termination-log").read_text(errors="replace")
+        if recorded:
+            return recorded
+        tail = "\n".join(self.log(pod).splitlines()[-80:])
+        return tail.encode()[-2048:].decode(errors="replace")
 
     def log(self, pod: str) -> str:
         return (self._workdir / f"{pod}.log").read_text(errors="replace")
@@ -158,13 +172,17 @@ class RealKubelet:
         }
 
     @staticmethod
-    def _terminated_status(container: dict[str, Any], exit_code: int, started: str) -> dict[str, Any]:
+    def _terminated_status(
+        container: dict[str, Any], exit_code: int, started: str, message: str
+    ) -> dict[str, Any]:
         terminated = {
             "exitCode": exit_code,
             "reason": "Completed" if exit_code == 0 else "Error",
             "startedAt": started,
             "finishedAt": _now(),
         }
+        if exit_code != 0 and message:
+            terminated["message"] = message
         return {
             "phase": "Succeeded" if exit_code == 0 else "Failed",
             "conditions": [

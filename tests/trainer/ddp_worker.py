@@ -21,6 +21,8 @@ def main() -> None:
     try:
         trainer = Trainer(config, world, os.environ["KUBETRAIN_JOB_NAME"])
         trainer.train()
+        # Rank 0 creates the job directory when it saves; another rank may get here first.
+        trainer.job_dir.mkdir(parents=True, exist_ok=True)
         torch.save(trainer.model.state_dict(), trainer.job_dir / f"rank{world.rank}.pt")
     finally:
         distributed.destroy_process_group()

@@ -52,6 +52,14 @@ def test_train_writes_every_artifact(trained: Path) -> None:
     assert progress["accuracy"] == pytest.approx(metrics["accuracy"])
 
 
+def test_progress_reports_training_and_validation_loss_each_under_its_own_name(trained: Path) -> None:
+    progress = json.loads((trained / "progress.json").read_text())
+    last = json.loads((trained / "metrics.json").read_text())["epochs"][-1]
+    assert progress["loss"] == last["train_loss"]  # status.progress.loss: documented as training loss
+    assert progress["validationLoss"] == last["val_loss"]
+    assert progress["accuracy"] == last["val_accuracy"]
+
+
 def test_model_file_loads_with_weights_only_and_carries_its_preprocessing(trained: Path) -> None:
     blob = torch.load(trained / "model.pt", weights_only=True)
     assert blob["classes"][:2] == ["airplane", "automobile"]

@@ -157,3 +157,27 @@ def test_torchrun_with_two_processes_per_worker_joins_through_the_agent_store(tm
     assert result.returncode == 0, result.stderr[-3000:]
     assert "joined torchrun process group: rank 0 of 2" in result.stderr
     assert _progress(tmp_path / "torchrun")["epoch"] == 1
+
+
+def test_two_rank_validation_reports_the_accuracy_of_the_saved_model(
+    tmp_path: Path, sample_root: Path
+) -> None:
+    """With batch norm every rank's running statistics differ; the report must be rank 0's model's."""
+    config = _fake_config(
+        tmp_path,
+        model="resnet_small",
+        width=8,
+        epochs=1,
+        batch_size=8,
+        data={"dataset": "imagefolder", "root": str(sample_root), "validation_fraction": 0.5},
+    )
+    results = wait_all(start_ranks(["-m", "kubetrain_trainer.cli", "train"], config, world_size=2, job="bn"))
+    assert [code for code, _ in results] == [0, 0], results[0][1]
+    metrics = json.loads((tmp_path / "bn" / "metrics.json").read_text())
+
+    evaluated = kubetrain("evaluate", str(tmp_path / "bn" / "model.pt"), "--json", "--device", "cpu")
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads(evaluated.stdout)
+    assert report["images"] == sum(map(sum, metrics["confusion_matrix"])) == 1500
+    assert report["confusion_matrix"] == metrics["confusion_matrix"]  # to the image
+    assert report["accuracy"] == metrics["accuracy"]

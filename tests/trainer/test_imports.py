@@ -14,6 +14,7 @@ import pytest
         "kubetrain_trainer.config",
         "kubetrain_trainer.contract",
         "kubetrain_trainer.exit_codes",
+        "kubetrain_trainer.termination",
         "kubetrain_trainer.config_loading",
         "kubetrain_trainer.cli",
     ],

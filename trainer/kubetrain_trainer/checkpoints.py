@@ -3,6 +3,10 @@
 Each checkpoint `epoch-NNNNNN.pt` is written to a temporary file and renamed; its SHA-256 is then written
 atomically to `epoch-NNNNNN.pt.sha256`. A checkpoint without a matching digest (the pod died between the
 two renames, the volume was truncated, a bit flipped) is invalid: resume warns and uses the previous one.
+
+A checkpoint also records who wrote it: the TrainingJob's uid, the class names and the config fields that
+shape the state (`config.resume_identity`). The output directory is keyed by the job's name, which a new
+TrainingJob may reuse; `resume_mismatch` says why such a checkpoint must not be resumed.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,9 +95,50 @@ class Checkpointer:
             )
         return None
 
+    def read_header(self, path: Path) -> dict[str, Any]:
+        """The checkpoint's epoch and extra fields, without restoring anything."""
+        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {**dict(blob.get("extra", {})), "epoch": int(blob["epoch"])}
+
+    def discard(self) -> list[Path]:
+        """Delete every checkpoint (and digest) here: they belong to another job or config."""
+        removed = []
+        for _, path in self.candidates():
+            path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        return removed
+
     def load(self, path: Path, components: dict[str, Stateful]) -> tuple[int, dict[str, Any]]:
         """Restore `components` from `path` (weights_only: checkpoints are data, never code)."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
         for name, component in components.items():
             component.load_state_dict(blob[name])
         return int(blob["epoch"]), dict(blob.get("extra", {}))
+
+
+def resume_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], epochs: int) -> str | None:
+    """Why the checkpoint described by `saved` (its header) must not resume `current`, or None.
+
+    Both hold `job_uid`, `classes` and `config` (a `config.resume_identity`); `saved` also its `epoch`.
+    """
+    if "job_uid" not in saved:
+        return "it predates checkpoints that record their TrainingJob"
+    if saved["job_uid"] != current["job_uid"]:
+        old_uid, new_uid = saved["job_uid"] or "(none)", current["job_uid"] or "(none)"
+        return f"it was written by TrainingJob uid {old_uid}, this is uid {new_uid}"
+    if list(saved.get("classes") or ()) != list(current["classes"]):
+        return (
+            f"the dataset's classes differ ({len(saved.get('classes') or ())} -> {len(current['classes'])})"
+        )
+    old, new = dict(saved.get("config") or {}), current["config"]
+    changed = [
+        f"{key} {old.get(key)} -> {new.get(key)}"
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+    ]
+    if changed:
+        return "the config changed: " + ", ".join(changed)
+    if int(saved["epoch"]) > epochs:
+        return f"checkpoint epoch {saved['epoch']} is past this run's epochs {epochs}"
+    return None

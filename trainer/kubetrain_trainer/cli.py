@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kubetrain_trainer import config_loading, contract, distributed, logging_setup
+from kubetrain_trainer import config_loading, contract, distributed, logging_setup, termination
 from kubetrain_trainer.exit_codes import ExitCode
 from kubetrain_trainer.failures import ConfigError, TrainerError, classify
 
@@ -108,8 +108,16 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
 
 
+def _record_exit(code: ExitCode, text: str) -> None:
+    """Record a failure's code where the kubelet reads it, so torchrun's exit 1 cannot hide it."""
+    record_path = os.environ.get(contract.TERMINATION_LOG)
+    if record_path:
+        termination.write_record(Path(record_path), termination.ExitRecord(int(code), code.name, text))
+
+
 def _report_failure(error: BaseException) -> int:
     code = classify(error)
+    _record_exit(code, str(error) or type(error).__name__)
     if isinstance(error, TrainerError):
         log.error("%s (exit code %d, %s)", error, code, code.name)
     elif code == ExitCode.INTERRUPTED:
@@ -140,7 +148,7 @@ def run_train(args: argparse.Namespace) -> int:
             world, backend, config.rendezvous_timeout_seconds, config.collective_timeout_seconds
         )
         job_name = os.environ.get(contract.JOB_NAME) or DEFAULT_JOB_NAME
-        result = Trainer(config, world, job_name).train()
+        result = Trainer(config, world, job_name, os.environ.get(contract.JOB_UID, "")).train()
         log.info("done: validation accuracy %.4f, artifacts in %s", result.report.accuracy, result.job_dir)
         return 0
     finally:
@@ -214,6 +222,8 @@ def main(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse: 0 for --help, 2 for bad arguments (already printed)
+        if exit_.code:
+            _record_exit(ExitCode.BAD_CONFIG, f"invalid arguments: {' '.join(argv)}")
         return int(exit_.code or 0)
     command = {"train": run_train, "evaluate": run_evaluate, "predict": run_predict}[args.command]
     try:

@@ -7,7 +7,7 @@ Every field documents its default and unit because its description becomes `kube
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,7 +50,10 @@ class DataConfig(_Strict):
         ),
     )
     fake_size: int = Field(
-        512, ge=1, description="fake_size is the number of images FakeData generates (dataset fake only)."
+        512,
+        ge=1,
+        le=1_000_000,
+        description="fake_size is the number of images FakeData generates (dataset fake only). Default 512.",
     )
     cache_decoded: bool = Field(
         True,
@@ -119,7 +122,13 @@ class TrainerConfig(_Strict):
         ),
     )
     seed: int = Field(
-        0, ge=0, description="seed makes data order, augmentation and initialisation reproducible."
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description=(
+            "seed makes data order, augmentation and initialisation reproducible; 0 to 4294967295 (the "
+            "per-epoch generator seeds derived from it must stay within 64 bits). Default 0."
+        ),
     )
     augment: bool = Field(
         False, description="augment applies random crop (padding 4) and horizontal flip to training batches."
@@ -193,3 +202,44 @@ class TrainerConfig(_Strict):
                 f"got {self.data.image_size}"
             )
         return self
+
+
+RESUME_NEUTRAL_FIELDS = frozenset(
+    {
+        "epochs",
+        "output_dir",
+        "device",
+        "compile",
+        "checkpoint_every_epochs",
+        "keep_checkpoints",
+        "rendezvous_timeout_seconds",
+        "collective_timeout_seconds",
+        "cpu_threads",
+        "log_every_steps",
+        "eval_flip_tta",
+        "data.root",
+        "data.cache_decoded",
+    }
+)
+"""Fields a resumed run may change: where and how it runs, not what the checkpointed state means.
+
+`epochs` may grow (continue training) but not fall below the checkpoint's epoch; the resume checks that
+separately. Every other field (model, width, seed, batch size, augmentation, optimiser, data selection)
+shapes the weights or the optimiser state, so a checkpoint written under another value starts fresh.
+"""
+
+
+def resume_identity(config: TrainerConfig) -> dict[str, Any]:
+    """The fields a checkpoint must share with this run to be resumed, as `{"data.image_size": 32, ...}`."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(f"{name}.", value)
+            elif name not in RESUME_NEUTRAL_FIELDS:
+                flat[name] = value
+
+    walk("", config.model_dump(mode="json"))
+    return flat

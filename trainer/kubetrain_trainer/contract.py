@@ -22,10 +22,19 @@ PET_MASTER_PORT = "PET_MASTER_PORT"
 
 JOB_NAME = "KUBETRAIN_JOB_NAME"
 """Name of the TrainingJob; the trainer keys checkpoints and artifacts by it."""
+JOB_UID = "KUBETRAIN_JOB_UID"
+"""metadata.uid of the TrainingJob: a checkpoint resumes only the job that wrote it, never a new job
+created under the same name."""
 RESTART_ATTEMPT = "KUBETRAIN_RESTART_ATTEMPT"
 """0 for the first run of the group, incremented by every whole-group restart."""
 TRAINER_CONFIG = "KUBETRAIN_TRAINER_CONFIG"
 """The built-in trainer's configuration as JSON (a serialised `TrainerConfig`)."""
+TERMINATION_LOG = "KUBETRAIN_TERMINATION_LOG"
+"""Where a failing process records its exit code and reason (`termination.ExitRecord`): the container's
+terminationMessagePath, which the kubelet copies into the pod status, so the code survives launchers such
+as torchrun that exit 1 for any failed child."""
+TERMINATION_LOG_PATH = "/dev/termination-log"
+"""The worker container's terminationMessagePath (the Kubernetes default, set explicitly)."""
 POD_NAME = "KUBETRAIN_POD_NAME"
 POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from kubetrain_trainer import atomic, preprocessing
 from kubetrain_trainer.config import DataConfig
 from kubetrain_trainer.failures import DataError
+from kubetrain_trainer.memory import DataBudget
 
 if TYPE_CHECKING:
     import torch
@@ -130,11 +131,18 @@ def _save_cache(path: Path, data: LabeledImages) -> None:
         log.info("not caching decoded images at %s: %s", path, error)
 
 
-def load_image_folder(root: Path, image_size: int, cache: bool) -> LabeledImages:
-    """Decode an ImageFolder tree once, reusing the cache in `<root>/../.kubetrain-cache/` when current."""
+def load_image_folder(
+    root: Path, image_size: int, cache: bool, budget: DataBudget | None = None
+) -> LabeledImages:
+    """Decode an ImageFolder tree once, reusing the cache in `<root>/../.kubetrain-cache/` when current.
+
+    `budget`, when given, refuses a tree too big for the worker's memory before anything is decoded.
+    """
     import torch
 
     classes, samples = list_image_folder(root)
+    if budget is not None:
+        budget.check(len(samples), f"ImageFolder {root}")
     # Beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers.
     cache_name = f"{root.name}-decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
     cache_path = root.resolve().parent / CACHE_DIR_NAME / cache_name
@@ -154,7 +162,7 @@ def load_image_folder(root: Path, image_size: int, cache: bool) -> LabeledImages
     return data
 
 
-def _load_torchvision_cifar10(root: Path, image_size: int) -> LabeledImages:
+def _load_torchvision_cifar10(root: Path, image_size: int, budget: DataBudget | None) -> LabeledImages:
     import torch
     import torchvision
     from PIL import Image
@@ -166,6 +174,8 @@ def _load_torchvision_cifar10(root: Path, image_size: int) -> LabeledImages:
             f"CIFAR-10 not found under {root} (neither an ImageFolder tree {root / 'train'} nor "
             f"torchvision's cifar-10-batches-py) and the download failed: {error}"
         ) from error
+    if budget is not None:
+        budget.check(len(dataset.data), f"CIFAR-10 under {root}")
     if image_size == 32:
         images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
     else:
@@ -189,13 +199,18 @@ def _load_fake(size: int, image_size: int, seed: int) -> LabeledImages:
     return LabeledImages(torch.stack(images), torch.tensor(labels), [f"class{i}" for i in range(10)])
 
 
-def load(config: DataConfig, seed: int) -> LabeledImages:
-    """The whole labelled dataset selected by `config`, decoded into uint8 tensors on the CPU."""
+def load(config: DataConfig, seed: int, budget: DataBudget | None = None) -> LabeledImages:
+    """The whole labelled dataset selected by `config`, decoded into uint8 tensors on the CPU.
+
+    With a `budget`, a data set that cannot fit the worker's memory is a DataError before decoding.
+    """
     root = Path(config.root)
     if config.dataset == "fake":
+        if budget is not None:
+            budget.check(config.fake_size, "FakeData (data.fake_size)")
         return _load_fake(config.fake_size, config.image_size, seed)
     if config.dataset == "imagefolder":
-        return load_image_folder(root, config.image_size, config.cache_decoded)
+        return load_image_folder(root, config.image_size, config.cache_decoded, budget)
     if (root / "train").is_dir():
-        return load_image_folder(root / "train", config.image_size, config.cache_decoded)
-    return _load_torchvision_cifar10(root, config.image_size)
+        return load_image_folder(root / "train", config.image_size, config.cache_decoded, budget)
+    return _load_torchvision_cifar10(root, config.image_size, budget)

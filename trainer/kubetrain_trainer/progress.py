@@ -1,7 +1,9 @@
 """The progress contract with the operator: `<output>/<job>/progress.json` plus the pod annotation.
 
 Rank 0 writes the same JSON object to both after every epoch:
-`{"epoch": int, "epochs": int, "step": int, "loss": float, "accuracy": float | null, "updatedAt": RFC 3339}`.
+`{"epoch": int, "epochs": int, "step": int, "loss": float, "validationLoss": float | null,
+"accuracy": float | null, "updatedAt": RFC 3339}`: `loss` is the epoch's mean training loss,
+`validationLoss` and `accuracy` are measured on the validation split.
 The annotation is a JSON merge patch of its own pod through the in-cluster service account, with urllib
 and ssl only (the trainer image carries no Kubernetes client); a failed patch is a warning, never fatal.
 """
@@ -29,16 +31,27 @@ SERVICE_ACCOUNT_DIR_ENV = "KUBETRAIN_SERVICE_ACCOUNT_DIR"
 _PATCH_TIMEOUT_SECONDS = 5.0
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
 def progress_record(
-    epoch: int, epochs: int, step: int, loss: float, accuracy: float | None
+    epoch: int,
+    epochs: int,
+    step: int,
+    loss: float,
+    accuracy: float | None,
+    *,
+    validation_loss: float | None = None,
 ) -> dict[str, Any]:
-    """The progress JSON object, with the time it was produced."""
+    """The progress JSON object (`loss` training, the others validation), with the time it was produced."""
     return {
         "epoch": epoch,
         "epochs": epochs,
         "step": step,
-        "loss": round(float(loss), 6),
-        "accuracy": None if accuracy is None else round(float(accuracy), 6),
+        "loss": _rounded(loss),
+        "validationLoss": _rounded(validation_loss),
+        "accuracy": _rounded(accuracy),
         "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

@@ -16,7 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from kubetrain_trainer import artifacts, batches, datasets, evaluation, models, optim, plots
+from kubetrain_trainer import (
+    artifacts,
+    batches,
+    checkpoints,
+    datasets,
+    evaluation,
+    memory,
+    models,
+    optim,
+    plots,
+)
+from kubetrain_trainer import config as config_module
 from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
@@ -92,9 +103,10 @@ def _all_reduce_sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:
 class Trainer:
     """Trains `config` on this rank's share of the data and, on rank 0, writes checkpoints and artifacts."""
 
-    def __init__(self, config: TrainerConfig, world: WorldEnv, job_name: str) -> None:
+    def __init__(self, config: TrainerConfig, world: WorldEnv, job_name: str, job_uid: str = "") -> None:
         self.config = config
         self.world = world
+        self.job_uid = job_uid
         self.job_dir = Path(config.output_dir) / job_name
         self.device = select_device(config, world)
         if self.device.type == "cpu":
@@ -104,7 +116,10 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         torch.manual_seed(config.seed)
 
-        full = datasets.load(config.data, config.seed)
+        budget = memory.DataBudget(
+            memory.memory_limit_bytes(), world.local_world_size, config.data.image_size, config.augment
+        )
+        full = datasets.load(config.data, config.seed, budget)
         self.train_data, self.val_data = datasets.split_validation(full, config.data.validation_fraction)
         self.classes = full.classes
         self.preprocessing: Preprocessing = fit_preprocessing(self.train_data.images, config.data.image_size)
@@ -118,7 +133,8 @@ class Trainer:
             augment=config.augment,
             device=self.device,
         )
-        # Each rank validates a strided shard; confusion matrices and loss sums are added across ranks.
+        # Each rank validates a strided shard with rank 0's buffers (the saved model); confusion matrices
+        # and loss sums are added across ranks.
         self.val_shard = self.val_data.subset(torch.arange(world.rank, len(self.val_data), world.world_size))
 
         self.model = models.build(config.model, len(self.classes), config.width)
@@ -142,11 +158,42 @@ class Trainer:
     def _components(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "state": self.state}
 
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with this run to be resumed (see `checkpoints.resume_mismatch`)."""
+        return {
+            "job_uid": self.job_uid,
+            "classes": list(self.classes),
+            "config": config_module.resume_identity(self.config),
+        }
+
+    def _resumable_checkpoint(self) -> Path | None:
+        """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
+
+        The directory is keyed by the job's name, which a new TrainingJob may reuse; another job's (or
+        config's) checkpoints are deleted so that later restarts of this job never pick them up.
+        """
+        path = self.checkpointer.newest_valid()
+        if path is None:
+            return None
+        why = checkpoints.resume_mismatch(
+            self.checkpointer.read_header(path), self._identity(), self.config.epochs
+        )
+        if why is None:
+            return path
+        removed = self.checkpointer.discard()
+        log.warning(
+            "not resuming from checkpoint %s: %s; starting fresh (removed %d old checkpoints)",
+            path,
+            why,
+            len(removed),
+        )
+        return None
+
     def _resume(self) -> int:
-        """Load the newest valid checkpoint (chosen by rank 0, loaded by every rank); returns its epoch."""
+        """Load the newest resumable checkpoint (rank 0 chooses, every rank loads); returns its epoch."""
         choice: list[str | None] = [None]
         if self.world.is_main:
-            path = self.checkpointer.newest_valid()
+            path = self._resumable_checkpoint()
             choice[0] = str(path) if path else None
         if self.world.distributed:
             import torch.distributed as dist
@@ -217,10 +264,17 @@ class Trainer:
             )
             if self.world.is_main:
                 if epoch % config.checkpoint_every_epochs == 0 or epoch == config.epochs:
-                    self.checkpointer.save(epoch, self._components(), {"config": config.model_dump_json()})
+                    self.checkpointer.save(epoch, self._components(), self._identity())
                 assert self.reporter is not None
                 self.reporter.report(
-                    progress_record(epoch, config.epochs, self.state.step, val_loss, report.accuracy)
+                    progress_record(
+                        epoch,
+                        config.epochs,
+                        self.state.step,
+                        loss=train_loss,
+                        accuracy=report.accuracy,
+                        validation_loss=val_loss,
+                    )
                 )
         if self.state.epoch == self.resumed_from_epoch:  # nothing left to train: recompute the final report
             _, report = self._validate()
@@ -256,7 +310,21 @@ class Trainer:
         totals = _all_reduce_sum(totals, self.world.distributed)
         return float(totals[0] / totals[2]), float(totals[1] / totals[2])
 
+    def _adopt_main_buffers(self) -> None:
+        """Give every rank rank 0's buffers (batch-norm running statistics): the model rank 0 saves.
+
+        DDP keeps parameters identical but each rank's last training forward updates its own running
+        statistics, so a shard validated with them would not be the accuracy of `model.pt`.
+        """
+        if not self.world.distributed:
+            return
+        import torch.distributed as dist
+
+        for buffer in self.model.buffers():
+            dist.broadcast(buffer, src=0)
+
     def _validate(self) -> tuple[float, ClassReport]:
+        self._adopt_main_buffers()
         # The plain module, not the DDP wrapper: DDP's forward broadcasts buffers, a collective that would
         # deadlock when the ranks' validation shards differ by one batch.
         result = evaluation.evaluate(
