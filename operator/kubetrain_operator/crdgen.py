@@ -125,6 +125,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
             out = {k: v for k, v in node.items() if k not in _DROP_KEYS}
             out["x-kubernetes-int-or-string"] = True
             out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            # The integer branch's bound (a quantity is never negative) applies to integer values only.
+            integer = next(b for b in branches if b.get("type") == "integer")
+            if "minimum" in integer:
+                out["minimum"] = integer["minimum"]
             if quantity:
                 out["pattern"] = api.QUANTITY_PATTERN
             if out.get("default", "") is None:

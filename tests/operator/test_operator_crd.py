@@ -8,15 +8,13 @@ from typing import Any
 
 import pydantic
 import pytest
-import yaml
-from kubetrain_operator import api, crdgen
+from kubetrain_operator import api, crdgen, reconcile
+from testcluster.manifests import RefusedCase, refused_cases
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-INVALID = list(
-    yaml.safe_load_all((Path(__file__).parent / "testdata" / "invalid-trainingjobs.yaml").read_text())
-)
+REFUSED = refused_cases()
 
 
 def _schema() -> dict[str, Any]:
@@ -147,6 +145,8 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
             raise _RefusedError(path)
         if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
             raise _RefusedError(path)
+        if isinstance(value, int) and value < node.get("minimum", value):
+            raise _RefusedError(path)
         return
     kind = node.get("type")
     types = {"object": dict, "array": list, "string": str, "boolean": bool, "number": int | float}
@@ -173,8 +173,15 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
     if kind == "array":
         if len(value) > node.get("maxItems", 10**9) or len(value) < node.get("minItems", 0):
             raise _RefusedError(path)
+        keys = node.get("x-kubernetes-list-map-keys")
+        seen = set()
         for i, item in enumerate(value):
             _check(node["items"], item, f"{path}[{i}]")
+            if keys:
+                key = tuple(item.get(k) for k in keys)
+                if key in seen:
+                    raise _RefusedError(f"{path}[{i}]")  # the API server's "Duplicate value"
+                seen.add(key)
     if kind == "object":
         if len(value) > node.get("maxProperties", 10**9):
             raise _RefusedError(path)
@@ -195,25 +202,32 @@ def _cel_rules(node: dict[str, Any]) -> list[dict[str, str]]:
     return [r for _, n in _walk(node) for r in n.get("x-kubernetes-validations", ())]
 
 
-def test_there_are_at_least_twenty_invalid_manifests() -> None:
-    assert len(INVALID) >= 20
+def test_the_refusal_table_covers_at_least_a_hundred_cases_with_unique_names() -> None:
+    names = [case.name for case in REFUSED]
+    assert len(names) >= 100
+    assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("doc", INVALID, ids=[d["metadata"]["name"] for d in INVALID])
-def test_invalid_manifest_is_refused_naming_the_field(doc: dict[str, Any]) -> None:
-    expect = doc["metadata"]["annotations"]["kubetrain.test/expect-field"]
-    refused_by = doc["metadata"]["annotations"]["kubetrain.test/refused-by"]
-    with pytest.raises(pydantic.ValidationError):
-        api.TrainingJob.model_validate(doc)
-    schema = _schema()
-    if refused_by == "schema":
+@pytest.mark.parametrize("case", REFUSED, ids=[case.name for case in REFUSED])
+def test_the_operator_refuses_every_case_naming_the_field(case: RefusedCase) -> None:
+    """The operator's own models refuse what the API server refuses (for CRDs installed without the
+    rules), and its InvalidSpec message names the same field."""
+    with pytest.raises(pydantic.ValidationError) as refused:
+        api.TrainingJobSpec.model_validate(case.manifest["spec"])
+    message = reconcile.spec_error(refused.value)
+    parent, _, leaf = case.field.rpartition(".")
+    assert case.field in message or (leaf in message and parent.split("[")[0] in message), message
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[case.name for case in REFUSED])
+def test_schema_cases_are_refused_by_openapi_keywords_and_cel_cases_only_by_rules(case: RefusedCase) -> None:
+    spec = _schema()["properties"]["spec"]
+    if case.by == "schema":
         with pytest.raises(_RefusedError) as refused:
-            _check(schema["properties"]["spec"], doc["spec"], "spec")
-        assert str(refused.value).startswith(expect), (str(refused.value), expect)
+            _check(spec, case.manifest["spec"], "spec")
+        assert str(refused.value).startswith(case.field.split("[")[0]), (str(refused.value), case.field)
     else:
-        _check(schema["properties"]["spec"], doc["spec"], "spec")  # nothing but CEL refuses it
-        leaf = [t for t in re.split(r"[.\[\]]", expect) if t and not t.isdigit()][-1]
-        assert any(leaf in r["message"] or leaf in r.get("fieldPath", "") for r in _cel_rules(schema)), leaf
+        _check(spec, case.manifest["spec"], "spec")  # nothing but CEL refuses it
 
 
 VALID = {
