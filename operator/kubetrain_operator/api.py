@@ -233,14 +233,16 @@ def _resource_map_rules(field: str) -> dict[str, Any]:
             f"resources.{field} keys must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended "
             "resource with a domain, such as nvidia.com/gpu",
             message_expression=(
-                f"'resource name ' + {bad_name} + ' is not cpu, memory, ephemeral-storage, hugepages-<size> or "
-                "an extended resource with a domain such as nvidia.com/gpu'"
+                f"'resource name ' + {bad_name} + ' is not cpu, memory, ephemeral-storage, "
+                "hugepages-<size> or an extended resource with a domain such as nvidia.com/gpu'"
             ),
         ),
         _cel(
             f"self.all(k, {sign_ok})",
             f"resources.{field} quantities cannot be negative",
-            message_expression=f"{bad_sign} + ' is ' + string(self[{bad_sign}]) + ': a quantity cannot be negative'",
+            message_expression=(
+                f"{bad_sign} + ' is ' + string(self[{bad_sign}]) + ': a quantity cannot be negative'"
+            ),
         ),
         _cel(
             f"self.all(k, {whole_ok})",
@@ -334,8 +336,8 @@ class Resources(_Model):
             order = quantity_value(request).compare(quantity_value(limit))
             if request_must_equal_limit(key) and order != 0:
                 raise ValueError(
-                    f"requests.{key} {request} vs limits.{key} {limit}: extended resources and hugepages need "
-                    "the request equal to the limit"
+                    f"requests.{key} {request} vs limits.{key} {limit}: extended resources and hugepages "
+                    "need the request equal to the limit"
                 )
             if order > 0:
                 raise ValueError(
@@ -410,6 +412,7 @@ class HostPathSource(_Model):
         if not path.startswith("/") or ".." in path.split("/"):
             raise ValueError(_HOST_PATH_RULE["message"])
         return path
+
     type: Literal["", "Directory", "DirectoryOrCreate"] = Field(
         "DirectoryOrCreate",
         description=(
@@ -523,8 +526,8 @@ class ObjectFieldSelector(_Model):
         pattern=ENV_FIELD_PATH_PATTERN,
         description=(
             "fieldPath is the pod field to read: metadata.name, metadata.namespace, metadata.uid, "
-            "metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName, spec.serviceAccountName, "
-            "status.hostIP, status.hostIPs, status.podIP or status.podIPs. Required."
+            "metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName, "
+            "spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP or status.podIPs. Required."
         ),
     )
 
@@ -567,7 +570,9 @@ class ResourceFieldSelector(_Model):
     )
     divisor: Quantity | None = Field(
         None,
-        description="divisor scales the value: 1m or 1 for cpu; 1, 1Ki, 1Mi, 1Gi ... for the others. Default 1.",
+        description=(
+            "divisor scales the value: 1m or 1 for cpu; 1, 1Ki, 1Mi, 1Gi ... for the others. Default 1."
+        ),
     )
 
     @model_validator(mode="after")
@@ -576,7 +581,9 @@ class ResourceFieldSelector(_Model):
             return self
         allowed = DIVISORS["cpu"] if self.resource.endswith(".cpu") else DIVISORS["other"]
         if quantity_value(self.divisor) not in {quantity_value(d) for d in allowed}:
-            raise ValueError(f"divisor {self.divisor} for {self.resource} must be one of {', '.join(allowed)}")
+            raise ValueError(
+                f"divisor {self.divisor} for {self.resource} must be one of {', '.join(allowed)}"
+            )
         return self
 
 
@@ -748,11 +755,14 @@ class Toleration(_Model):
         description="value is the taint value to match under operator Equal (a label value).",
     )
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        None, description="effect is the taint effect to match: NoSchedule, PreferNoSchedule, NoExecute or all."
+        None,
+        description="effect is the taint effect to match: NoSchedule, PreferNoSchedule, NoExecute or all.",
     )
     toleration_seconds: int | None = Field(
         None,
-        description="tolerationSeconds is how long a NoExecute taint is tolerated before eviction. Default: forever.",
+        description=(
+            "tolerationSeconds is how long a NoExecute taint is tolerated before eviction. Default: forever."
+        ),
     )
 
     @model_validator(mode="after")
@@ -918,7 +928,8 @@ def _label_keys_rule(field: str) -> dict[str, str]:
         f"{field} keys must be label keys: an optional DNS-subdomain prefix and /, then at most 63 letters, "
         "digits, -, _ and ., starting and ending with a letter or digit",
         message_expression=(
-            f"'key ' + {bad} + ' is not a label key: ' + format.qualifiedName().validate({bad}).value().join('; ')"
+            f"'key ' + {bad} + ' is not a label key: ' + "
+            f"format.qualifiedName().validate({bad}).value().join('; ')"
         ),
     )
 
@@ -966,8 +977,9 @@ class TrainingJobSpec(_Model):
         max_length=1024,
         pattern=IMAGE_PATTERN,
         description=(
-            "image is the container image every worker runs, a reference [registry[:port]/]repository[:tag]"
-            "[@digest] without spaces, e.g. registry.example.com/team/train:1.0. Default: the operator's default image "
+            "image is the container image every worker runs, a reference "
+            "[registry[:port]/]repository[:tag][@digest] without spaces, e.g. "
+            "registry.example.com/team/train:1.0. Default: the operator's default image "
             "(`kubetrain operator --default-image`, env KUBETRAIN_DEFAULT_IMAGE). Immutable."
         ),
     )
@@ -1198,8 +1210,8 @@ class TrainingJobSpec(_Model):
         for index, path in enumerate(paths):
             if path in paths[:index]:
                 raise ValueError(
-                    f"spec.storage[{index}].mountPath {path} is used by two storage volumes: give each its own "
-                    "path"
+                    f"spec.storage[{index}].mountPath {path} is used by two storage volumes: give each "
+                    "its own path"
                 )
         for field, values in (
             ("nodeSelector", self.node_selector),
