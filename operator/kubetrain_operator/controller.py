@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain_operator import constants, events, informer, kube, names, observe, reconcile
+from kubetrain_operator import constants, events, fieldpaths, informer, kube, names, observe, reconcile
 from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
@@ -75,6 +75,11 @@ class Outcome:
 
 class InvalidChildError(Exception):
     """The API server refused a child built from the spec (422): the spec cannot work."""
+
+    def __init__(self, child: dict[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.child = child
+        self.message = message
 
 
 def about(key: Key, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -448,7 +453,11 @@ class Controller:
                     if created is not None:
                         self.cache.observe(created)
         except InvalidChildError as exc:
-            outcome.invalid = self._fail_invalid(body, plan, str(exc))
+            kind, child_name = exc.child["kind"], exc.child["metadata"]["name"]
+            message = fieldpaths.to_trainingjob_fields(exc.message, body.get("spec") or {}, exc.child)
+            outcome.invalid = self._fail_invalid(
+                body, plan, f"the API server refused {kind} {child_name}: {message}"
+            )
             return False
         except kube.ApiError as exc:
             # Quota exceeded, forbidden, server trouble: say so in status (a job must never look fine
@@ -472,9 +481,7 @@ class Controller:
                     "gang scheduler's CRDs or remove spec.gangScheduling",
                 ) from exc
             if exc.invalid:
-                raise InvalidChildError(
-                    f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: {exc.message}"
-                ) from exc
+                raise InvalidChildError(manifest, exc.message) from exc
             raise
 
     def _report_failed_create(self, body: dict[str, Any], plan: reconcile.Plan, exc: kube.ApiError) -> None:
@@ -482,7 +489,11 @@ class Controller:
         message = f"cannot create worker objects: {exc.status} {exc.reason}: {exc.message}"
         if plan.status.get("pendingMessage") == message:
             return
-        status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
+        status = {
+            **st.children_not_created(plan.status, body.get("status") or {}),
+            "pendingReason": "FailedCreate",
+            "pendingMessage": message,
+        }
         try:
             self.cache.observe(self.kube.patch_status(meta["namespace"], meta["name"], status, None))
         except kube.ApiError as patch_error:
@@ -513,7 +524,7 @@ class Controller:
 
     def _fail_invalid(self, body: dict[str, Any], plan: reconcile.Plan, message: str) -> str:
         meta = body["metadata"]
-        status = dict(plan.status)
+        status = st.children_not_created(plan.status, body.get("status") or {})
         now = self.clock()
         st.enter_phase(status, "Failed", "InvalidSpec", message, now)
         status["completionTime"] = st.timestamp(now)
