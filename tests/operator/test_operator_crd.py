@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 import pytest
 from kubetrain_operator import api, crdgen, reconcile
-from testcluster.manifests import RefusedCase, refused_cases
+from testcluster.manifests import RefusedCase, accepted_trainingjobs, refused_cases
 
 pytestmark = pytest.mark.unit
 
@@ -198,10 +198,6 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
                 _check(node["additionalProperties"], item, f"{path}.{key}")
 
 
-def _cel_rules(node: dict[str, Any]) -> list[dict[str, str]]:
-    return [r for _, n in _walk(node) for r in n.get("x-kubernetes-validations", ())]
-
-
 def test_the_refusal_table_covers_at_least_a_hundred_cases_with_unique_names() -> None:
     names = [case.name for case in REFUSED]
     assert len(names) >= 100
@@ -230,60 +226,13 @@ def test_schema_cases_are_refused_by_openapi_keywords_and_cel_cases_only_by_rule
         _check(spec, case.manifest["spec"], "spec")  # nothing but CEL refuses it
 
 
-VALID = {
-    "apiVersion": "kubetrain.io/v1alpha1",
-    "kind": "TrainingJob",
-    "metadata": {"name": "full"},
-    "spec": {
-        "image": "registry.local/kubetrain:1",
-        "imagePullPolicy": "IfNotPresent",
-        "workers": 4,
-        "nprocPerWorker": 2,
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 2},
-            "limits": {"nvidia.com/gpu": 2},
-        },
-        "command": ["python", "/app/train.py"],
-        "args": ["--epochs", "3"],
-        "launcher": "torchrun",
-        "storage": [
-            {
-                "name": "data",
-                "mountPath": "/data",
-                "persistentVolumeClaim": {"claimName": "cifar", "readOnly": True},
-            },
-            {"name": "out", "mountPath": "/output", "emptyDir": {"sizeLimit": "1Gi"}},
-        ],
-        "env": [
-            {"name": "A", "value": "1"},
-            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        ],
-        "nodeSelector": {"pool": "gpu"},
-        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
-        },
-        "priorityClassName": "high",
-        "schedulerName": "default-scheduler",
-        "serviceAccountName": "trainer",
-        "podLabels": {"team": "vision"},
-        "podAnnotations": {"note": "x"},
-        "successPolicy": "AllWorkers",
-        "runPolicy": {
-            "maxRestarts": 5,
-            "activeDeadlineSeconds": 3600,
-            "ttlSecondsAfterFinished": 60,
-            "cleanPodPolicy": "All",
-            "suspend": True,
-        },
-        "failurePolicy": {"nonRetryableExitCodes": [2, 3, 4], "retryableExitCodes": [1, 10, 11, 12]},
-    },
-}
-
-
 @pytest.mark.parametrize(
     "spec",
-    [VALID["spec"], {"trainer": {}}, {"trainer": {"epochs": 1, "data": {"dataset": "fake"}}, "workers": 3}],
+    [
+        *(m["spec"] for m in accepted_trainingjobs()),
+        {"trainer": {}},
+        {"trainer": {"epochs": 1, "data": {"dataset": "fake"}}, "workers": 3},
+    ],
 )
 def test_valid_manifests_pass_both_validators(spec: dict[str, Any]) -> None:
     api.TrainingJobSpec.model_validate(spec)

@@ -1,0 +1,86 @@
+"""Bad TrainingJobs are refused at `kubectl apply` by the real API server, naming their own field.
+
+The cases are the table tests/operator/testdata/refused-trainingjobs.yaml. They go to the API server in
+one `kubectl apply` (one process, a GET and a POST per object), so the whole table takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+from kubetrain_operator import api, builders
+from testcluster.cluster import Cluster
+from testcluster.manifests import accepted_trainingjobs, refused_cases
+from testcluster.operator_process import install_crd
+
+pytestmark = pytest.mark.cluster
+
+NOISE = "some validation rules were not checked"
+"""The API server's note that it skipped the CEL rules because a schema error came first."""
+
+
+def _refusals(stderr: str) -> list[str]:
+    """kubectl's error lines, one per refused object, in the order the objects were sent."""
+    return [line for line in stderr.splitlines() if line.startswith("Error from server")]
+
+
+def test_every_bad_trainingjob_is_refused_at_apply_naming_its_own_field_and_nothing_is_created(
+    cluster: Cluster, namespace: str
+) -> None:
+    install_crd(cluster)
+    cases = refused_cases()
+    started = time.monotonic()
+    result = cluster.run_kubectl(
+        "-n", namespace, "apply", "-f", "-", input_text=yaml.safe_dump_all([case.manifest for case in cases])
+    )
+    took = time.monotonic() - started
+    print(f"{len(cases)} refusals in {took:.1f} s")
+    assert result.stdout == "", f"accepted: {result.stdout}"
+    refusals = _refusals(result.stderr)
+    assert len(refusals) == len(cases), result.stderr
+    wrong = [
+        f"{case.name}: expected {case.field!r} in: {refusal}"
+        for case, refusal in zip(cases, refusals, strict=True)
+        if case.field not in refusal
+    ]
+    assert not wrong, "\n".join(wrong)
+    leftovers = cluster.kubectl("-n", namespace, "get", "trainingjobs,jobs,services,pods", "-o", "name")
+    assert leftovers == ""
+
+
+def test_valid_trainingjobs_using_every_field_are_accepted_and_so_are_their_worker_jobs(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The rules refuse only what is wrong: every field in its edge forms passes, and the worker Job the
+    operator builds from it passes the API server's own validation (nothing is stored: dry run)."""
+    install_crd(cluster)
+    manifests = accepted_trainingjobs()
+    jobs = [
+        builders.build_worker_job(
+            builders.Context(
+                owner=builders.Owner(
+                    m["metadata"]["name"], namespace, "00000000-0000-0000-0000-000000000000"
+                ),
+                spec=api.TrainingJobSpec.model_validate(m["spec"]),
+            ),
+            0,
+        )
+        for m in manifests
+    ]
+    for job in jobs:
+        del job["metadata"]["ownerReferences"]  # the owner does not exist: a dry run checks the Job only
+    result = cluster.run_kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input_text=yaml.safe_dump_all([*manifests, *jobs]),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(manifests) + len(jobs), result.stdout
+    assert json.loads(cluster.kubectl("-n", namespace, "get", "trainingjobs", "-o", "json"))["items"] == []
