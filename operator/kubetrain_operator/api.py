@@ -145,7 +145,7 @@ class _Model(BaseModel):
 
 
 Quantity = Annotated[
-    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)],
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
     Field(json_schema_extra={"x-kubetrain-quantity": True}),
 ]
 """A non-negative quantity: an integer, or a string in Kubernetes quantity syntax (500m, 8Gi, 1e3)."""

@@ -125,10 +125,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
             out = {k: v for k, v in node.items() if k not in _DROP_KEYS}
             out["x-kubernetes-int-or-string"] = True
             out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-            # The integer branch's bound (a quantity is never negative) applies to integer values only.
-            integer = next(b for b in branches if b.get("type") == "integer")
-            if "minimum" in integer:
-                out["minimum"] = integer["minimum"]
+            # Each branch's bounds apply to values of its type only: a quantity is never a negative
+            # integer, and its string form is short (which also bounds the cost of CEL rules reading it).
+            for branch in branches:
+                out.update({k: v for k, v in branch.items() if k in ("minimum", "maxLength")})
             if quantity:
                 out["pattern"] = api.QUANTITY_PATTERN
             if out.get("default", "") is None:
