@@ -328,15 +328,6 @@ BAD_VALUES = {
         },
         "prot",
     ),
-    "latest tag": (
-        {
-            "image": {
-                "operator": {"repository": "r/op", "tag": "latest"},
-                "trainer": {"repository": "r/tr", "tag": "1"},
-            }
-        },
-        "/image/operator/tag",
-    ),
     "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
     "zero workers": ({"workers": 0}, "/workers"),
     "bad log level": ({"logLevel": "trace"}, "/logLevel"),
@@ -384,6 +375,19 @@ def test_schema_refuses_bad_values_naming_the_field(
     output = helm(helm_bin, *args, check=False)
     assert "values don't meet the specifications of the schema" in output, output
     assert field in output, output
+
+
+def test_a_latest_tag_is_refused_saying_what_to_pin(helm_bin: Path, tmp_path: Path) -> None:
+    values = {
+        "image": {
+            "operator": {"repository": "r/op", "tag": "1"},
+            "trainer": {"repository": "r/tr", "tag": "latest"},
+        }
+    }
+    output = helm(
+        helm_bin, "template", "kt", str(CHART_DIR), "-f", str(values_file(tmp_path, values)), check=False
+    )
+    assert "image.trainer.tag: latest is refused: pin a version" in output, output
 
 
 def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_path: Path) -> None:
