@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 from kubetrain_trainer import contract
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubetrain_operator import constants
@@ -144,8 +144,23 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+QUANTITY_MESSAGE = (
+    "must be a non-negative quantity such as 2, 500m, 1.5 or 8Gi: digits with an optional fraction and "
+    "one unit suffix (m, k, M, G, Ki, Mi, Gi ...), no spaces"
+)
+QUANTITY_RULE = _cel("type(self) == int || (isQuantity(self) && !self.startsWith('-'))", QUANTITY_MESSAGE)
+"""How the CRD checks a quantity's string form: a rule, so that the message says what a quantity looks
+like (a pattern's error would quote QUANTITY_PATTERN at the user)."""
+
+
+def _check_quantity(value: str) -> str:
+    if not re.match(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} {QUANTITY_MESSAGE}")
+    return value
+
+
 Quantity = Annotated[
-    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64), AfterValidator(_check_quantity)],
     Field(json_schema_extra={"x-kubetrain-quantity": True}),
 ]
 """A non-negative quantity: an integer, or a string in Kubernetes quantity syntax (500m, 8Gi, 1e3)."""
@@ -157,9 +172,7 @@ _DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "
 def quantity_value(value: int | str) -> Decimal:
     """The number a quantity stands for (500m -> 0.5, 1Ki -> 1024), to compare requests with limits as
     the API server does. Raises ValueError for anything QUANTITY_PATTERN refuses."""
-    text = str(value)
-    if not re.match(QUANTITY_PATTERN, text):
-        raise ValueError(f"{text!r} is not a non-negative Kubernetes quantity (e.g. 2, 500m, 8Gi)")
+    text = _check_quantity(str(value))
     number = re.match(r"^\+?([0-9]*\.?[0-9]*)", text)
     assert number is not None  # the pattern above guarantees a leading number
     digits, suffix = number.group(1), text[number.end() :]
@@ -211,21 +224,20 @@ def _cel_quantity(expr: str) -> str:
 
 
 def _cel_is_quantity(expr: str) -> str:
-    """Guards every quantity() call: a string the schema's pattern refuses must not also fail a rule with
-    an evaluation error (the pattern's own error already names the field)."""
+    """Guards every quantity() call: a string QUANTITY_RULE refuses must not also fail a rule with an
+    evaluation error (QUANTITY_RULE's own error already names the field)."""
     return f"isQuantity(string({expr}))"
 
 
 def _resource_map_rules(field: str) -> dict[str, Any]:
-    """Rules on resources.requests or resources.limits: known resource names, no negative quantity, whole
-    numbers for extended resources. Each message names the offending key."""
+    """Rules on resources.requests or resources.limits: known resource names, whole numbers for extended
+    resources (the schema's pattern and minimum already refuse negative quantities). Each message names
+    the offending key."""
     name_ok = _cel_resource_name_ok("k")
-    sign_ok = f"!{_cel_is_quantity('self[k]')} || {_cel_quantity('self[k]')}.sign() >= 0"
     whole_ok = (
         f"!{_cel_extended('k')} || !{_cel_is_quantity('self[k]')} || {_cel_quantity('self[k]')}.isInteger()"
     )
     bad_name = _first("self", name_ok)
-    bad_sign = _first("self", sign_ok)
     bad_whole = _first("self", whole_ok)
     return _extra(
         _cel(
@@ -235,13 +247,6 @@ def _resource_map_rules(field: str) -> dict[str, Any]:
             message_expression=(
                 f"'resource name ' + {bad_name} + ' is not cpu, memory, ephemeral-storage, "
                 "hugepages-<size> or an extended resource with a domain such as nvidia.com/gpu'"
-            ),
-        ),
-        _cel(
-            f"self.all(k, {sign_ok})",
-            f"resources.{field} quantities cannot be negative",
-            message_expression=(
-                f"{bad_sign} + ' is ' + string(self[{bad_sign}]) + ': a quantity cannot be negative'"
             ),
         ),
         _cel(
@@ -928,10 +933,17 @@ def _label_keys_rule(field: str) -> dict[str, str]:
         f"{field} keys must be label keys: an optional DNS-subdomain prefix and /, then at most 63 letters, "
         "digits, -, _ and ., starting and ending with a letter or digit",
         message_expression=(
-            f"'key ' + {bad} + ' is not a label key: ' + "
-            f"format.qualifiedName().validate({bad}).value().join('; ')"
+            f"'key ' + {bad} + ' is not a label key: an optional DNS-subdomain prefix and /, then at most "
+            "63 letters, digits, -, _ and ., starting and ending with a letter or digit'"
         ),
     )
+
+
+_IMAGE_RULE = _cel(
+    f"self.matches(r'{IMAGE_PATTERN}')",
+    "image must be a reference such as registry.example.com:5000/team/train:1.0 or "
+    "train@sha256:<64 hex digits>: no spaces, a lower-case repository, a tag of letters, digits, _, . and -",
+)
 
 
 def _immutable_rules() -> list[dict[str, str]]:
@@ -964,8 +976,9 @@ class TrainingJobSpec(_Model):
                 "a.mountPath))",
                 "spec.storage mountPaths must be unique",
                 ".storage",
-                "'mountPath ' + self.storage.filter(a, !self.storage.exists_one(b, b.mountPath == "
-                "a.mountPath))[0].mountPath + ' is used by two storage volumes: give each its own path'",
+                "'mountPath ' + self.storage.map(a, a.mountPath).filter(p, "
+                "!self.storage.exists_one(b, b.mountPath == p))[0] + ' is used by two storage volumes: "
+                "give each its own path'",
             ),
             *_immutable_rules(),
         )
@@ -973,15 +986,14 @@ class TrainingJobSpec(_Model):
 
     image: str | None = Field(
         None,
-        min_length=1,
         max_length=1024,
-        pattern=IMAGE_PATTERN,
         description=(
             "image is the container image every worker runs, a reference "
             "[registry[:port]/]repository[:tag][@digest] without spaces, e.g. "
             "registry.example.com/team/train:1.0. Default: the operator's default image "
             "(`kubetrain operator --default-image`, env KUBETRAIN_DEFAULT_IMAGE). Immutable."
         ),
+        json_schema_extra=_extra(_IMAGE_RULE),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None,
@@ -1227,6 +1239,13 @@ class TrainingJobSpec(_Model):
                         f"operator"
                     )
         return self
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, image: str | None) -> str | None:
+        if image is not None and not re.match(IMAGE_PATTERN, image):
+            raise ValueError(_IMAGE_RULE["message"])
+        return image
 
     @field_validator("nproc_per_worker")
     @classmethod

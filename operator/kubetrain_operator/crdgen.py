@@ -130,7 +130,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
             for branch in branches:
                 out.update({k: v for k, v in branch.items() if k in ("minimum", "maxLength")})
             if quantity:
-                out["pattern"] = api.QUANTITY_PATTERN
+                out["x-kubernetes-validations"] = [
+                    *out.get("x-kubernetes-validations", ()),
+                    api.QUANTITY_RULE,
+                ]
             if out.get("default", "") is None:
                 del out["default"]
             return out
