@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import yaml
 from kubetrain_operator import api, builders
 from testcluster.cluster import Cluster
-from testcluster.manifests import accepted_trainingjobs, refused_cases
-from testcluster.operator_process import install_crd
+from testcluster.manifests import accepted_trainingjobs, refused_cases, trainingjob
+from testcluster.operator_process import OperatorProcess, install_crd
+from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -99,3 +101,33 @@ def test_valid_trainingjobs_using_every_field_are_accepted_and_so_are_their_work
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(manifests) + len(jobs), result.stdout
     assert json.loads(cluster.kubectl("-n", namespace, "get", "trainingjobs", "-o", "json"))["items"] == []
+
+
+def test_a_spec_only_the_worker_job_refuses_fails_naming_the_trainingjobs_field_and_claims_no_worker(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """affinity passes through unchecked: the API server refuses the worker Job, and the operator says so
+    in the TrainingJob's terms (spec.affinity..., not spec.template.spec.affinity...) without ever
+    claiming that workers were created."""
+    terms = "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    manifest = trainingjob(
+        "bad-affinity",
+        affinity={
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+        },
+    )
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+
+    def failed() -> dict[str, Any] | None:
+        body = json.loads(
+            cluster.kubectl("-n", namespace, "get", "trainingjob", "bad-affinity", "-o", "json")
+        )
+        status = body.get("status") or {}
+        return status if status.get("phase") == "Failed" else None
+
+    status = wait_for(failed, "the TrainingJob to fail", 60, explain=operator.log_tail)
+    condition = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "InvalidSpec"
+    assert f"spec.affinity.{terms}" in condition["message"] and "template" not in condition["message"]
+    assert all(c["type"] != "Created" or c["status"] != "True" for c in status["conditions"]), status
+    assert cluster.kubectl("-n", namespace, "get", "jobs", "-o", "name") == ""

@@ -140,7 +140,13 @@ def accepted_trainingjobs() -> list[dict[str, Any]]:
             },
         ],
         "affinity": {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}
+                    ]
+                }
+            }
         },
         "priorityClassName": "high",
         "schedulerName": "default-scheduler",
