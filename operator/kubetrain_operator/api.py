@@ -5,9 +5,13 @@ openAPIV3Schema, and the operator validates every object it reconciles with them
 description starts with its JSON name and says its default, unit, format and whether it can change
 after creation, because it becomes `kubectl explain trainingjob.spec.<field>` text.
 
-Cross-field rules are written twice on purpose: as CEL `x-kubernetes-validations` (so `kubectl apply`
-refuses a bad object and nothing is created) and as pydantic validators (so the operator refuses the same
-object when the CRD was installed without them); a unit test checks both sides agree.
+Rules the schema keywords cannot say are written twice on purpose: as CEL `x-kubernetes-validations`
+(so `kubectl apply` refuses a bad object, naming its field, and nothing is created) and as pydantic
+validators (so the operator refuses the same object when the CRD was installed without them). CEL is
+used where a keyword cannot say it (quantity comparison, label keys, path spelling) or where a keyword's
+error would quote a long regex at the user (quantities, image references). The table
+tests/operator/testdata/refused-trainingjobs.yaml holds both sides to the same verdict: unit tests run it
+through the models, cluster tests through a real API server.
 
 Mutability, in one place: the shape of the group (image, imagePullPolicy, workers, nprocPerWorker,
 resources, trainer, command, args, launcher, storage, masterPort, successPolicy, gangScheduling) is

@@ -4,7 +4,8 @@ Pydantic's JSON schema is not a Kubernetes structural schema, so it is rewritten
 
 - `$ref`/`$defs` are inlined (a structural schema has no references);
 - `anyOf: [X, {type: null}]` (an Optional field) becomes X: an absent field is how Kubernetes says "unset";
-- `anyOf` of integer and string becomes `x-kubernetes-int-or-string` (quantities, nprocPerWorker);
+- `anyOf` of integer and string becomes `x-kubernetes-int-or-string` (quantities, nprocPerWorker), with
+  the branches' bounds (minimum, maxLength) and, for quantities, `api.QUANTITY_RULE`;
 - `additionalProperties: false` is dropped (the API server prunes and `kubectl` refuses unknown fields),
   free-form objects (`dict[str, Any]`) get `x-kubernetes-preserve-unknown-fields`;
 - exclusive bounds become OpenAPI v3.0 booleans (`exclusiveMaximum: true` beside `maximum`);
