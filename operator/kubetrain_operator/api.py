@@ -235,8 +235,8 @@ def _cel_is_quantity(expr: str) -> str:
 
 def _resource_map_rules(field: str) -> dict[str, Any]:
     """Rules on resources.requests or resources.limits: known resource names, whole numbers for extended
-    resources (the schema's pattern and minimum already refuse negative quantities). Each message names
-    the offending key."""
+    resources (QUANTITY_RULE and the schema's minimum already refuse negative quantities). Each message
+    names the offending key."""
     name_ok = _cel_resource_name_ok("k")
     whole_ok = (
         f"!{_cel_extended('k')} || !{_cel_is_quantity('self[k]')} || {_cel_quantity('self[k]')}.isInteger()"
