@@ -257,8 +257,10 @@ def _absent(obj: dict[str, Any], field: str) -> bool:
 
 
 def _names_the_field(message: str, field: str) -> bool:
+    """The field's name, or the path of the object holding it (an unknown key the API server pruned
+    leaves its parent to blame), written as the operator writes paths: spec.env[0].valueFrom."""
     parts = [part for part in field.replace("[", ".").replace("]", "").split(".") if not part.isdigit()]
-    return parts[-1] in message or (len(parts) > 2 and ".".join(parts[:-1]) in message)
+    return parts[-1] in message or (len(parts) > 2 and field.rpartition(".")[0] in message)
 
 
 def test_objects_the_operator_cannot_understand_fail_naming_the_field_and_others_go_on(
