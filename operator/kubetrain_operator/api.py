@@ -725,6 +725,21 @@ class SecretReference(_Model):
     )
 
 
+class Affinity(_Model):
+    """Pod affinity as in Kubernetes. Its three kinds are named here, so a misspelt kind is refused rather
+    than dropped; what is inside each is checked by the API server when the worker Job is created."""
+
+    node_affinity: dict[str, Any] | None = Field(
+        None, description="nodeAffinity places workers on nodes by label (Kubernetes syntax)."
+    )
+    pod_affinity: dict[str, Any] | None = Field(
+        None, description="podAffinity places workers near pods by label (Kubernetes syntax)."
+    )
+    pod_anti_affinity: dict[str, Any] | None = Field(
+        None, description="podAntiAffinity keeps workers away from pods by label (Kubernetes syntax)."
+    )
+
+
 class Toleration(_Model):
     """A pod toleration, as in Kubernetes: lets workers run on nodes with a matching taint."""
 
@@ -1120,7 +1135,7 @@ class TrainingJobSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         None,
         description=(
             "affinity is the workers' pod affinity (Kubernetes syntax). Default: none. Mutable: applies to "

@@ -274,7 +274,7 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     optional = {
         "nodeSelector": spec.node_selector,
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations or ()],
-        "affinity": spec.affinity,
+        "affinity": spec.affinity.model_dump(by_alias=True, exclude_none=True) if spec.affinity else None,
         "priorityClassName": spec.priority_class_name,
         "schedulerName": spec.scheduler_name,
         "serviceAccountName": spec.service_account_name or ctx.default_service_account,

@@ -170,7 +170,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
         elif isinstance(extra, dict) and extra:
             node["additionalProperties"] = _structural(extra, defs, f"{path}[*]")
         else:
-            # dict[str, Any]: a free-form Kubernetes object (affinity, valueFrom, tolerations[*]).
+            # dict[str, Any]: a free-form Kubernetes object (the kinds of affinity).
             node["x-kubernetes-preserve-unknown-fields"] = True
     elif node.get("type") == "array":
         node["items"] = _structural(node.get("items", {}), defs, f"{path}[]")
