@@ -293,10 +293,29 @@ def _request_limit_rule(equal: bool) -> dict[str, str]:
     )
 
 
+def _cel_mentions(predicate: str) -> str:
+    """CEL: some key of requests or limits satisfies `predicate` (over `k`)."""
+    return " || ".join(f"(has(self.{m}) && self.{m}.exists(k, {predicate}))" for m in ("requests", "limits"))
+
+
+_HUGEPAGES_MESSAGE = "hugepages need a cpu or memory request or limit beside them"
+_CEL_HUGEPAGES = "k.startsWith('hugepages-')"
+_CEL_CPU_OR_MEMORY = "k in ['cpu', 'memory']"
+
+
 class Resources(_Model):
     """Compute resources of each worker's container (the Kubernetes ResourceRequirements shape)."""
 
-    model_config = ConfigDict(json_schema_extra=_extra(_request_limit_rule(False), _request_limit_rule(True)))
+    model_config = ConfigDict(
+        json_schema_extra=_extra(
+            _request_limit_rule(False),
+            _request_limit_rule(True),
+            _cel(
+                f"!({_cel_mentions(_CEL_HUGEPAGES)}) || {_cel_mentions(_CEL_CPU_OR_MEMORY)}",
+                _HUGEPAGES_MESSAGE,
+            ),
+        )
+    )
 
     requests: dict[str, Quantity] | None = Field(
         None,
@@ -352,6 +371,9 @@ class Resources(_Model):
                 raise ValueError(
                     f"requests.{key} {request} vs limits.{key} {limit}: a request cannot be above its limit"
                 )
+        named = {*(self.requests or {}), *(self.limits or {})}
+        if any(k.startswith("hugepages-") for k in named) and not named & {"cpu", "memory"}:
+            raise ValueError(_HUGEPAGES_MESSAGE)
         return self
 
     def gpus(self) -> int:
