@@ -57,8 +57,8 @@ LABEL_KEY_PATTERN = (
 )
 """A label key (a qualified name): an optional DNS-subdomain prefix and /, then at most 63 characters."""
 
-CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-"""A key of a ConfigMap or Secret."""
+CONFIG_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+"""A key of a ConfigMap or Secret: letters, digits, -, _ and ., not . itself nor starting with .."""
 
 IMAGE_PATTERN = (
     r"^(([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9]))*"
@@ -1176,7 +1176,6 @@ class TrainingJobSpec(_Model):
     scheduler_name: str | None = Field(
         None,
         max_length=253,
-        pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
             "schedulerName picks the scheduler for the workers, e.g. a gang scheduler (volcano, "
             "scheduler-plugins). Default: the cluster default. Mutable: applies to workers created after "

@@ -123,7 +123,7 @@ def accepted_trainingjobs() -> list[dict[str, Any]]:
             },
             {
                 "name": "TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token.v1", "optional": True}},
+                "valueFrom": {"secretKeyRef": {"name": "hub", "key": ".token.v1", "optional": True}},
             },
             {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "MODE_2"}}},
         ],
