@@ -5,9 +5,13 @@ openAPIV3Schema, and the operator validates every object it reconciles with them
 description starts with its JSON name and says its default, unit, format and whether it can change
 after creation, because it becomes `kubectl explain trainingjob.spec.<field>` text.
 
-Cross-field rules are written twice on purpose: as CEL `x-kubernetes-validations` (so `kubectl apply`
-refuses a bad object and nothing is created) and as pydantic validators (so the operator refuses the same
-object when the CRD was installed without them); a unit test checks both sides agree.
+Rules the schema keywords cannot say are written twice on purpose: as CEL `x-kubernetes-validations`
+(so `kubectl apply` refuses a bad object, naming its field, and nothing is created) and as pydantic
+validators (so the operator refuses the same object when the CRD was installed without them). CEL is
+used where a keyword cannot say it (quantity comparison, label keys, path spelling) or where a keyword's
+error would quote a long regex at the user (quantities, image references). The table
+tests/operator/testdata/refused-trainingjobs.yaml holds both sides to the same verdict: unit tests run it
+through the models, cluster tests through a real API server.
 
 Mutability, in one place: the shape of the group (image, imagePullPolicy, workers, nprocPerWorker,
 resources, trainer, command, args, launcher, storage, masterPort, successPolicy, gangScheduling) is
@@ -23,21 +27,49 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from kubetrain_trainer import contract
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubetrain_operator import constants
 
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-"""Kubernetes resource.Quantity syntax (the pattern controller-gen emits for quantities)."""
+"""A non-negative Kubernetes resource.Quantity (the syntax controller-gen emits for quantities, without the
+minus sign: no resource, size or divisor the spec takes may be negative)."""
+
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An RFC 1123 subdomain, the name of most Kubernetes objects (Secrets, ConfigMaps, claims, accounts)."""
+
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A label value (with maxLength 63): empty, or alphanumerics with -, _ and . inside."""
+
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label key (a qualified name): an optional DNS-subdomain prefix and /, then at most 63 characters."""
+
+CONFIG_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+"""A key of a ConfigMap or Secret: letters, digits, -, _ and ., not . itself nor starting with .."""
+
+IMAGE_PATTERN = (
+    r"^(([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9]))*"
+    r"(:[0-9]+)?/)?"
+    r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][-A-Za-z0-9_.]{0,127})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+"""A container image reference, `[registry[:port]/]repository[:tag][@digest]` (the distribution grammar):
+no spaces, lower-case repository. A reference the schema lets through but a registry cannot resolve
+would leave workers Pending forever on real nodes."""
 
 RESERVED_ENV = (
     contract.MASTER_ADDR,
@@ -47,18 +79,15 @@ RESERVED_ENV = (
     contract.LOCAL_RANK,
     contract.LOCAL_WORLD_SIZE,
     contract.NODE_RANK,
-    contract.PET_NNODES,
-    contract.PET_NPROC_PER_NODE,
-    contract.PET_NODE_RANK,
-    contract.PET_MASTER_ADDR,
-    contract.PET_MASTER_PORT,
-    contract.JOB_NAME,
-    contract.RESTART_ATTEMPT,
-    contract.TRAINER_CONFIG,
-    contract.POD_NAME,
-    contract.POD_NAMESPACE,
 )
-"""Env names the operator injects; a user env entry with one of these names is refused."""
+"""Env names the operator injects outside the reserved prefixes; a user env entry with one is refused."""
+
+RESERVED_ENV_PREFIXES = ("PET_", "KUBETRAIN_")
+"""Env name prefixes that belong to the operator: torchrun reads PET_* as its settings (a user's
+PET_RDZV_ENDPOINT would silently redirect the rendezvous) and KUBETRAIN_* is the trainer's contract."""
+
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+"""Container resources without a domain; anything else is hugepages-<size> or <domain>/<name>."""
 
 IMMUTABLE_SPEC_FIELDS = (
     "image",
@@ -95,8 +124,15 @@ CONDITION_TYPES: tuple[str, ...] = (
 )
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def _cel(
+    rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
+) -> dict[str, str]:
+    """One x-kubernetes-validations rule. `message_expression` (CEL, evaluated only when the rule fails)
+    names the offending key or value; `message` stays as the fallback the API server shows when that
+    expression cannot be evaluated."""
     out = {"rule": rule, "message": message}
+    if message_expression:
+        out["messageExpression"] = message_expression
     if field_path:
         out["fieldPath"] = field_path
     return out
@@ -109,13 +145,170 @@ def _extra(*rules: dict[str, str], **more: Any) -> dict[str, Any]:
     return out
 
 
+def _first(items: str, predicate: str, var: str = "k") -> str:
+    """CEL for the first element (key, for a map) of `items` failing `predicate`, for messageExpressions."""
+    return f"{items}.filter({var}, !({predicate}))[0]"
+
+
 class _Model(BaseModel):
     """camelCase JSON names, unknown keys refused, Python names usable too."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubetrain-quantity": True})]
+QUANTITY_MESSAGE = (
+    "must be a non-negative quantity such as 2, 500m, 1.5 or 8Gi: digits with an optional fraction and "
+    "one unit suffix (m, k, M, G, Ki, Mi, Gi ...), no spaces"
+)
+QUANTITY_RULE = _cel("type(self) == int || (isQuantity(self) && !self.startsWith('-'))", QUANTITY_MESSAGE)
+"""How the CRD checks a quantity's string form: a rule, so that the message says what a quantity looks
+like (a pattern's error would quote QUANTITY_PATTERN at the user)."""
+
+
+def _check_quantity(value: str) -> str:
+    if not re.match(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} {QUANTITY_MESSAGE}")
+    return value
+
+
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64), AfterValidator(_check_quantity)],
+    Field(json_schema_extra={"x-kubetrain-quantity": True}),
+]
+"""A non-negative quantity: an integer, or a string in Kubernetes quantity syntax (500m, 8Gi, 1e3)."""
+
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def quantity_value(value: int | str) -> Decimal:
+    """The number a quantity stands for (500m -> 0.5, 1Ki -> 1024), to compare requests with limits as
+    the API server does. Raises ValueError for anything QUANTITY_PATTERN refuses."""
+    text = _check_quantity(str(value))
+    number = re.match(r"^\+?([0-9]*\.?[0-9]*)", text)
+    assert number is not None  # the pattern above guarantees a leading number
+    digits, suffix = number.group(1), text[number.end() :]
+    if suffix in _BINARY_SUFFIXES:
+        return Decimal(digits) * _BINARY_SUFFIXES[suffix]
+    if suffix in _DECIMAL_SUFFIXES:
+        return Decimal(digits).scaleb(_DECIMAL_SUFFIXES[suffix])
+    return Decimal(digits).scaleb(int(suffix[1:]))
+
+
+def is_label_key(key: str) -> bool:
+    """Whether `key` is a qualified name, as label, annotation, node-selector and resource keys must be."""
+    prefix, _, _ = key.rpartition("/")
+    return bool(re.match(LABEL_KEY_PATTERN, key)) and len(prefix) <= 253
+
+
+def _resource_name_ok(name: str) -> bool:
+    return (
+        name in STANDARD_RESOURCES
+        or name.startswith("hugepages-")
+        or ("/" in name and not name.startswith("requests.") and is_label_key(name))
+    )
+
+
+def _extended(name: str) -> bool:
+    """Extended resources (nvidia.com/gpu) are counted in whole units and never overcommitted."""
+    return "/" in name and "kubernetes.io/" not in name
+
+
+def request_must_equal_limit(name: str) -> bool:
+    """Extended resources and hugepages are never overcommitted: a request needs an equal limit."""
+    return _extended(name) or name.startswith("hugepages-")
+
+
+def _cel_resource_name_ok(k: str) -> str:
+    standard = ", ".join(f"'{n}'" for n in STANDARD_RESOURCES)
+    return (
+        f"{k} in [{standard}] || {k}.startsWith('hugepages-') || ({k}.contains('/') && "
+        f"!{k}.startsWith('requests.') && !format.qualifiedName().validate({k}).hasValue())"
+    )
+
+
+def _cel_extended(k: str) -> str:
+    return f"({k}.contains('/') && !{k}.contains('kubernetes.io/'))"
+
+
+def _cel_quantity(expr: str) -> str:
+    return f"quantity(string({expr}))"
+
+
+def _cel_is_quantity(expr: str) -> str:
+    """Guards every quantity() call: a string QUANTITY_RULE refuses must not also fail a rule with an
+    evaluation error (QUANTITY_RULE's own error already names the field)."""
+    return f"isQuantity(string({expr}))"
+
+
+def _resource_map_rules(field: str) -> dict[str, Any]:
+    """Rules on resources.requests or resources.limits: known resource names, whole numbers for extended
+    resources (QUANTITY_RULE and the schema's minimum already refuse negative quantities). Each message
+    names the offending key."""
+    name_ok = _cel_resource_name_ok("k")
+    whole_ok = (
+        f"!{_cel_extended('k')} || !{_cel_is_quantity('self[k]')} || {_cel_quantity('self[k]')}.isInteger()"
+    )
+    bad_name = _first("self", name_ok)
+    bad_whole = _first("self", whole_ok)
+    return _extra(
+        _cel(
+            f"self.all(k, {name_ok})",
+            f"resources.{field} keys must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended "
+            "resource with a domain, such as nvidia.com/gpu",
+            message_expression=(
+                f"'resource name ' + {bad_name} + ' is not cpu, memory, ephemeral-storage, "
+                "hugepages-<size> or an extended resource with a domain such as nvidia.com/gpu'"
+            ),
+        ),
+        _cel(
+            f"self.all(k, {whole_ok})",
+            f"resources.{field} of extended resources such as nvidia.com/gpu must be whole numbers",
+            message_expression=(
+                f"{bad_whole} + ' is ' + string(self[{bad_whole}]) + ': extended resources such as "
+                "nvidia.com/gpu are counted in whole units (no fractions)'"
+            ),
+        ),
+    )
+
+
+def _request_limit_rule(equal: bool) -> dict[str, str]:
+    """requests against limits, key by key: at most the limit (cpu, memory), or equal to it (extended
+    resources and hugepages, which are never overcommitted)."""
+    both = "!has(self.requests) || !has(self.limits) || self.requests.all(k, "
+    comparable = (
+        f"!(k in self.limits) || !{_cel_is_quantity('self.requests[k]')} "
+        f"|| !{_cel_is_quantity('self.limits[k]')} || "
+    )
+    order = f"{_cel_quantity('self.requests[k]')}.compareTo({_cel_quantity('self.limits[k]')})"
+    kind = f"({_cel_extended('k')} || k.startsWith('hugepages-'))"
+    check = f"!{kind} || {order} == 0" if equal else f"{kind} || {order} <= 0"
+    bad = f"self.requests.filter(k, !({comparable}{check}))[0]"
+    shown = f"{bad} + ' ' + string(self.requests[{bad}]) + ' vs limit ' + string(self.limits[{bad}])"
+    if equal:
+        return _cel(
+            both + comparable + check + ")",
+            "requests of extended resources and hugepages must equal their limits",
+            ".requests",
+            f"'request ' + {shown} + ': extended resources and hugepages need the request equal to the "
+            "limit (or give only one of them)'",
+        )
+    return _cel(
+        both + comparable + check + ")",
+        "a request cannot be above its limit",
+        ".requests",
+        f"'request ' + {shown} + ': a request cannot be above its limit'",
+    )
+
+
+def _cel_mentions(predicate: str) -> str:
+    """CEL: some key of requests or limits satisfies `predicate` (over `k`)."""
+    return " || ".join(f"(has(self.{m}) && self.{m}.exists(k, {predicate}))" for m in ("requests", "limits"))
+
+
+_HUGEPAGES_MESSAGE = "hugepages need a cpu or memory request or limit beside them"
+_CEL_HUGEPAGES = "k.startsWith('hugepages-')"
+_CEL_CPU_OR_MEMORY = "k in ['cpu', 'memory']"
 
 
 class Resources(_Model):
@@ -123,12 +316,12 @@ class Resources(_Model):
 
     model_config = ConfigDict(
         json_schema_extra=_extra(
+            _request_limit_rule(False),
+            _request_limit_rule(True),
             _cel(
-                "!has(self.requests) || !has(self.limits) || !('nvidia.com/gpu' in self.requests) "
-                "|| !('nvidia.com/gpu' in self.limits) "
-                "|| string(self.requests['nvidia.com/gpu']) == string(self.limits['nvidia.com/gpu'])",
-                "resources.requests['nvidia.com/gpu'] must equal resources.limits['nvidia.com/gpu']",
-            )
+                f"!({_cel_mentions(_CEL_HUGEPAGES)}) || {_cel_mentions(_CEL_CPU_OR_MEMORY)}",
+                _HUGEPAGES_MESSAGE,
+            ),
         )
     )
 
@@ -137,46 +330,93 @@ class Resources(_Model):
         max_length=32,
         description=(
             "requests is the minimum each worker needs, keyed by resource name (cpu, memory, "
-            "nvidia.com/gpu, ...), values in Kubernetes quantity syntax (cpu: 2 or 500m; memory: 8Gi). "
-            "An nvidia.com/gpu request without a limit gets the same limit (extended resources need one). "
+            "ephemeral-storage, hugepages-<size>, or an extended resource with a domain such as "
+            "nvidia.com/gpu), values in Kubernetes quantity syntax (cpu: 2 or 500m; memory: 8Gi), never "
+            "negative; extended resources take whole numbers. A request of an extended resource or hugepages "
+            "without a limit gets the same limit (they need one); with a limit, the two must be equal. "
             "Default: none. Immutable."
         ),
+        json_schema_extra=_resource_map_rules("requests"),
     )
     limits: dict[str, Quantity] | None = Field(
         None,
         max_length=32,
         description=(
-            "limits is the most each worker may use, keyed by resource name, in quantity syntax. "
-            "nvidia.com/gpu here is the number of GPUs per worker and drives nprocPerWorker: auto. "
-            "Default: none. Immutable."
+            "limits is the most each worker may use, keyed by resource name, in quantity syntax, never below "
+            "the request. nvidia.com/gpu here is the number of GPUs per worker and drives "
+            "nprocPerWorker: auto. Default: none. Immutable."
         ),
+        json_schema_extra=_resource_map_rules("limits"),
     )
 
     @field_validator("requests", "limits")
     @classmethod
     def _quantities(cls, values: dict[str, int | str] | None) -> dict[str, int | str] | None:
         for key, value in (values or {}).items():
-            if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
-                raise ValueError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)")
+            if not _resource_name_ok(key):
+                raise ValueError(
+                    f"resource name {key} is not cpu, memory, ephemeral-storage, hugepages-<size> or an "
+                    "extended resource with a domain such as nvidia.com/gpu"
+                )
+            number = quantity_value(value)
+            if _extended(key) and number != number.to_integral_value():
+                raise ValueError(f"{key} is {value}: extended resources are counted in whole units")
         return values
 
     @model_validator(mode="after")
-    def _gpu_limit_matches_request(self) -> Resources:
-        gpu = constants.GPU_RESOURCE
-        both = self.requests and self.limits and gpu in self.requests and gpu in self.limits
-        if both and str(self.requests[gpu]) != str(self.limits[gpu]):  # type: ignore[index]
-            raise ValueError(f"resources.requests['{gpu}'] must equal resources.limits['{gpu}']")
+    def _requests_within_limits(self) -> Resources:
+        for key, request in (self.requests or {}).items():
+            if key not in (self.limits or {}):
+                continue
+            limit = (self.limits or {})[key]
+            order = quantity_value(request).compare(quantity_value(limit))
+            if request_must_equal_limit(key) and order != 0:
+                raise ValueError(
+                    f"requests.{key} {request} vs limits.{key} {limit}: extended resources and hugepages "
+                    "need the request equal to the limit"
+                )
+            if order > 0:
+                raise ValueError(
+                    f"requests.{key} {request} vs limits.{key} {limit}: a request cannot be above its limit"
+                )
+        named = {*(self.requests or {}), *(self.limits or {})}
+        if any(k.startswith("hugepages-") for k in named) and not named & {"cpu", "memory"}:
+            raise ValueError(_HUGEPAGES_MESSAGE)
         return self
 
     def gpus(self) -> int:
         """GPUs per worker: the nvidia.com/gpu limit, else the request, else 0."""
         for source in (self.limits, self.requests):
             if source and constants.GPU_RESOURCE in source:
-                try:
-                    return int(str(source[constants.GPU_RESOURCE]))
-                except ValueError:
-                    return 0
+                return int(quantity_value(source[constants.GPU_RESOURCE]))
         return 0
+
+
+def is_clean_mount_path(path: str) -> bool:
+    """An absolute path in its one spelling: no trailing /, no empty, . or .. parts, and not / itself.
+    Two spellings of one directory (/data and /data/, /output/../data) would mount twice on one place."""
+    return path.startswith("/") and all(part not in ("", ".", "..") for part in path[1:].split("/"))
+
+
+def is_descending_path(path: str) -> bool:
+    """A relative path that stays below where it starts (a subPath): not absolute, no .. part."""
+    return not path.startswith("/") and ".." not in path.split("/")
+
+
+_CLEAN_MOUNT_PATH_RULE = _cel(
+    "self.startsWith('/') && self != '/' && !self.endsWith('/') && !self.contains('//') "
+    "&& !(self + '/').contains('/./') && !(self + '/').contains('/../')",
+    "mountPath must be an absolute path other than / with no trailing /, no // and no . or .. parts, "
+    "e.g. /data",
+)
+_DESCENDING_PATH_RULE = _cel(
+    "!self.startsWith('/') && !('/' + self + '/').contains('/../')",
+    "subPath must be a relative path inside the volume: no leading / and no .. parts, e.g. cifar10/train",
+)
+_HOST_PATH_RULE = _cel(
+    "self.startsWith('/') && !(self + '/').contains('/../')",
+    "path must be an absolute path on the node with no .. parts, e.g. /mnt/datasets",
+)
 
 
 class PVCSource(_Model):
@@ -184,7 +424,11 @@ class PVCSource(_Model):
         ...,
         min_length=1,
         max_length=253,
-        description="claimName is the name of a PersistentVolumeClaim in the TrainingJob's namespace.",
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "claimName is the name of a PersistentVolumeClaim in the TrainingJob's namespace (a DNS "
+            "subdomain: lower-case letters, digits, - and .)."
+        ),
     )
     read_only: bool = Field(False, description="readOnly mounts the claim read-only. Default false.")
 
@@ -195,10 +439,19 @@ class HostPathSource(_Model):
         min_length=1,
         max_length=4096,
         description=(
-            "path is the directory on the node. hostPath volumes break the restricted Pod Security "
-            "Standard: use them only on development clusters."
+            "path is the directory on the node, an absolute path without .. parts. hostPath volumes break "
+            "the restricted Pod Security Standard: use them only on development clusters."
         ),
+        json_schema_extra=_extra(_HOST_PATH_RULE),
     )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise ValueError(_HOST_PATH_RULE["message"])
+        return path
+
     type: Literal["", "Directory", "DirectoryOrCreate"] = Field(
         "DirectoryOrCreate",
         description=(
@@ -245,15 +498,21 @@ class StorageVolume(_Model):
         ...,
         min_length=1,
         max_length=4096,
-        pattern=r"^/",
         description=(
-            "mountPath is the absolute path where the volume appears in the worker container. Required."
+            "mountPath is the absolute path where the volume appears in the worker container, written "
+            "once (no trailing /, no . or .. parts, not / itself) and unique within storage. /dev/shm "
+            "replaces the memory-backed /dev/shm the operator mounts otherwise. Required."
         ),
+        json_schema_extra=_extra(_CLEAN_MOUNT_PATH_RULE),
     )
     sub_path: str | None = Field(
         None,
         max_length=4096,
-        description="subPath mounts only this sub-directory of the volume. Default: the root.",
+        description=(
+            "subPath mounts only this sub-directory of the volume: a relative path without .. parts. "
+            "Default: the root."
+        ),
+        json_schema_extra=_extra(_DESCENDING_PATH_RULE),
     )
     persistent_volume_claim: PVCSource | None = Field(
         None, description="persistentVolumeClaim mounts an existing claim (ReadWriteMany when workers > 1)."
@@ -263,6 +522,20 @@ class StorageVolume(_Model):
         None, description="emptyDir is scratch space that lives as long as the worker pod."
     )
 
+    @field_validator("mount_path")
+    @classmethod
+    def _clean_mount_path(cls, path: str) -> str:
+        if not is_clean_mount_path(path):
+            raise ValueError(_CLEAN_MOUNT_PATH_RULE["message"])
+        return path
+
+    @field_validator("sub_path")
+    @classmethod
+    def _descending_sub_path(cls, path: str | None) -> str | None:
+        if path is not None and not is_descending_path(path):
+            raise ValueError(_DESCENDING_PATH_RULE["message"])
+        return path
+
     @model_validator(mode="after")
     def _one_source(self) -> StorageVolume:
         given = [s for s in (self.persistent_volume_claim, self.host_path, self.empty_dir) if s is not None]
@@ -271,13 +544,165 @@ class StorageVolume(_Model):
         return self
 
 
+ENV_FIELD_PATH_PATTERN = (
+    r"^(metadata\.(name|namespace|uid)|spec\.(nodeName|serviceAccountName)|status\.(hostIPs?|podIPs?)"
+    r"|metadata\.(labels|annotations)\['[^']+'\])$"
+)
+"""The pod fields an env variable can read through the downward API."""
+
+DIVISORS = {
+    "cpu": ("1m", "1"),
+    "other": ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei"),
+}
+"""resourceFieldRef divisors the API server accepts: for cpu, and for memory, storage and hugepages."""
+
+
+class ObjectFieldSelector(_Model):
+    api_version: Literal["v1"] | None = Field(None, description="apiVersion of fieldPath: v1 (the default).")
+    field_path: str = Field(
+        ...,
+        max_length=256,
+        pattern=ENV_FIELD_PATH_PATTERN,
+        description=(
+            "fieldPath is the pod field to read: metadata.name, metadata.namespace, metadata.uid, "
+            "metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName, "
+            "spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP or status.podIPs. Required."
+        ),
+    )
+
+
+def _cel_divisor_ok() -> str:
+    def one_of(values: tuple[str, ...]) -> str:
+        listed = ", ".join(f"'{d}'" for d in values)
+        return f"[{listed}].exists(d, quantity(d).compareTo({_cel_quantity('self.divisor')}) == 0)"
+
+    return (
+        f"!has(self.divisor) || !{_cel_is_quantity('self.divisor')} || (self.resource.endsWith('.cpu') ? "
+        f"{one_of(DIVISORS['cpu'])} : {one_of(DIVISORS['other'])})"
+    )
+
+
+class ResourceFieldSelector(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_extra(
+            _cel(
+                _cel_divisor_ok(),
+                f"divisor must be {' or '.join(DIVISORS['cpu'])} for cpu, and one of "
+                f"{', '.join(DIVISORS['other'])} for memory, ephemeral-storage and hugepages",
+                ".divisor",
+            )
+        )
+    )
+
+    container_name: Literal["worker"] | None = Field(
+        None, description="containerName is the worker container's name, worker (the only container)."
+    )
+    resource: str = Field(
+        ...,
+        max_length=64,
+        pattern=r"^(limits|requests)\.(cpu|memory|ephemeral-storage|hugepages-.+)$",
+        description=(
+            "resource is the limit or request to read: limits.cpu, limits.memory, limits.ephemeral-storage, "
+            "requests.cpu, requests.memory, requests.ephemeral-storage or limits/requests.hugepages-<size>. "
+            "Required."
+        ),
+    )
+    divisor: Quantity | None = Field(
+        None,
+        description=(
+            "divisor scales the value: 1m or 1 for cpu; 1, 1Ki, 1Mi, 1Gi ... for the others. Default 1."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _known_divisor(self) -> ResourceFieldSelector:
+        if self.divisor is None:
+            return self
+        allowed = DIVISORS["cpu"] if self.resource.endswith(".cpu") else DIVISORS["other"]
+        if quantity_value(self.divisor) not in {quantity_value(d) for d in allowed}:
+            raise ValueError(
+                f"divisor {self.divisor} for {self.resource} must be one of {', '.join(allowed)}"
+            )
+        return self
+
+
+class KeySelector(_Model):
+    """One key of a ConfigMap or Secret in the TrainingJob's namespace."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="name of the ConfigMap or Secret (a DNS subdomain). Required.",
+    )
+    key: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        pattern=CONFIG_KEY_PATTERN,
+        description="key to read (letters, digits, -, _ and .). Required.",
+    )
+    optional: bool | None = Field(
+        None,
+        description="optional lets the worker start without the object or key. Default false: it waits.",
+    )
+
+
+class EnvVarSource(_Model):
+    """Where an env value comes from: exactly one of the four sources, as in a Kubernetes container."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_extra(
+            _cel(
+                "(has(self.fieldRef) ? 1 : 0) + (has(self.resourceFieldRef) ? 1 : 0) + "
+                "(has(self.configMapKeyRef) ? 1 : 0) + (has(self.secretKeyRef) ? 1 : 0) == 1",
+                "valueFrom needs exactly one of fieldRef, resourceFieldRef, configMapKeyRef and secretKeyRef",
+            )
+        )
+    )
+
+    field_ref: ObjectFieldSelector | None = Field(
+        None, description="fieldRef reads a field of the worker's pod (downward API)."
+    )
+    resource_field_ref: ResourceFieldSelector | None = Field(
+        None, description="resourceFieldRef reads a limit or request of the worker container."
+    )
+    config_map_key_ref: KeySelector | None = Field(None, description="configMapKeyRef reads a ConfigMap key.")
+    secret_key_ref: KeySelector | None = Field(None, description="secretKeyRef reads a Secret key.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        sources = (self.field_ref, self.resource_field_ref, self.config_map_key_ref, self.secret_key_ref)
+        if sum(s is not None for s in sources) != 1:
+            raise ValueError(
+                "valueFrom needs exactly one of fieldRef, resourceFieldRef, configMapKeyRef and secretKeyRef"
+            )
+        return self
+
+
+def env_name_reserved(name: str) -> bool:
+    """Whether the operator owns this env name (RESERVED_ENV and the RESERVED_ENV_PREFIXES)."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+_RESERVED_ENV_TEXT = (
+    f"the operator sets {', '.join(RESERVED_ENV)} and every "
+    f"{' and '.join(p + '*' for p in RESERVED_ENV_PREFIXES)} variable: choose another name"
+)
+
+
 class EnvVar(_Model):
     model_config = ConfigDict(
         json_schema_extra=_extra(
             _cel(
-                "!(self.name in " + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
-                "env name is reserved: the operator sets it (see the worker environment contract)",
+                "!(self.name in ["
+                + ", ".join(f"'{n}'" for n in RESERVED_ENV)
+                + "]) && "
+                + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES),
+                f"env name is reserved: {_RESERVED_ENV_TEXT}",
                 ".name",
+                f"'env name ' + self.name + ' is reserved: {_RESERVED_ENV_TEXT}'",
             ),
             _cel("has(self.value) != has(self.valueFrom)", "exactly one of value and valueFrom must be set"),
         )
@@ -289,8 +714,8 @@ class EnvVar(_Model):
         max_length=256,
         pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
         description=(
-            "name of the environment variable. Names the operator injects (MASTER_ADDR, RANK, WORLD_SIZE, "
-            "PET_*, KUBETRAIN_*) are refused."
+            "name of the environment variable. Names the operator injects (MASTER_ADDR, MASTER_PORT, "
+            "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, PET_*, KUBETRAIN_*) are refused."
         ),
     )
     value: str | None = Field(
@@ -298,10 +723,10 @@ class EnvVar(_Model):
         max_length=32768,
         description="value of the variable; may refer to earlier ones as $(NAME), e.g. $(RANK).",
     )
-    value_from: dict[str, Any] | None = Field(
+    value_from: EnvVarSource | None = Field(
         None,
         description=(
-            "valueFrom takes the value from a Secret, ConfigMap or field, exactly as in a Kubernetes "
+            "valueFrom takes the value from a Secret, ConfigMap, pod field or resource, as in a Kubernetes "
             "container's env[].valueFrom."
         ),
     )
@@ -309,8 +734,8 @@ class EnvVar(_Model):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
-        if name in RESERVED_ENV:
-            raise ValueError(f"env name {name} is reserved: the operator sets it")
+        if env_name_reserved(name):
+            raise ValueError(f"env name {name} is reserved: {_RESERVED_ENV_TEXT}")
         return name
 
     @model_validator(mode="after")
@@ -325,8 +750,84 @@ class SecretReference(_Model):
         ...,
         min_length=1,
         max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description="name of a Secret in the TrainingJob's namespace (kubernetes.io/dockerconfigjson).",
     )
+
+
+class Affinity(_Model):
+    """Pod affinity as in Kubernetes. Its three kinds are named here, so a misspelt kind is refused rather
+    than dropped; what is inside each is checked by the API server when the worker Job is created."""
+
+    node_affinity: dict[str, Any] | None = Field(
+        None, description="nodeAffinity places workers on nodes by label (Kubernetes syntax)."
+    )
+    pod_affinity: dict[str, Any] | None = Field(
+        None, description="podAffinity places workers near pods by label (Kubernetes syntax)."
+    )
+    pod_anti_affinity: dict[str, Any] | None = Field(
+        None, description="podAntiAffinity keeps workers away from pods by label (Kubernetes syntax)."
+    )
+
+
+class Toleration(_Model):
+    """A pod toleration, as in Kubernetes: lets workers run on nodes with a matching taint."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_extra(
+            _cel(
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "value must be empty when operator is Exists",
+                ".value",
+            ),
+            _cel(
+                "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                "operator must be Exists when key is empty (a toleration of every taint)",
+                ".operator",
+            ),
+            _cel(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                "tolerationSeconds needs effect NoExecute",
+                ".tolerationSeconds",
+            ),
+        )
+    )
+
+    key: str | None = Field(
+        None,
+        max_length=317,
+        pattern=r"^$|" + LABEL_KEY_PATTERN,
+        description="key is the taint key to tolerate (a label key); empty with operator Exists matches all.",
+    )
+    operator: Literal["", "Exists", "Equal"] | None = Field(
+        None, description="operator is Equal (key and value match, the default) or Exists (any value)."
+    )
+    value: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description="value is the taint value to match under operator Equal (a label value).",
+    )
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None,
+        description="effect is the taint effect to match: NoSchedule, PreferNoSchedule, NoExecute or all.",
+    )
+    toleration_seconds: int | None = Field(
+        None,
+        description=(
+            "tolerationSeconds is how long a NoExecute taint is tolerated before eviction. Default: forever."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator must be Exists when key is empty (a toleration of every taint)")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
 
 
 class GangScheduling(_Model):
@@ -447,7 +948,9 @@ class FailurePolicy(_Model):
     def _disjoint(self) -> FailurePolicy:
         both = set(self.retryable_exit_codes or ()) & set(self.non_retryable_exit_codes)
         if both:
-            raise ValueError(f"exit codes {sorted(both)} cannot be both retryable and non-retryable")
+            raise ValueError(
+                f"retryableExitCodes and nonRetryableExitCodes share {sorted(both)}: a code cannot be both"
+            )
         return self
 
     def is_retryable(self, exit_code: int | None) -> bool:
@@ -466,6 +969,31 @@ def _reserved_keys_rule(field: str) -> dict[str, str]:
         f"self.all(k, !k.startsWith('{constants.RESERVED_LABEL_PREFIX}'))",
         f"{field} keys under {constants.RESERVED_LABEL_PREFIX} are reserved for the operator",
     )
+
+
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+"""A label value: at most 63 letters, digits, -, _ and ., starting and ending alphanumeric, or empty."""
+
+
+def _label_keys_rule(field: str) -> dict[str, str]:
+    valid = "!format.qualifiedName().validate(k).hasValue()"
+    bad = _first("self", valid)
+    return _cel(
+        f"self.all(k, {valid})",
+        f"{field} keys must be label keys: an optional DNS-subdomain prefix and /, then at most 63 letters, "
+        "digits, -, _ and ., starting and ending with a letter or digit",
+        message_expression=(
+            f"'key ' + {bad} + ' is not a label key: an optional DNS-subdomain prefix and /, then at most "
+            "63 letters, digits, -, _ and ., starting and ending with a letter or digit'"
+        ),
+    )
+
+
+_IMAGE_RULE = _cel(
+    f"self.matches(r'{IMAGE_PATTERN}')",
+    "image must be a reference such as registry.example.com:5000/team/train:1.0 or "
+    "train@sha256:<64 hex digits>: no spaces, a lower-case repository, a tag of letters, digits, _, . and -",
+)
 
 
 def _immutable_rules() -> list[dict[str, str]]:
@@ -498,6 +1026,9 @@ class TrainingJobSpec(_Model):
                 "a.mountPath))",
                 "spec.storage mountPaths must be unique",
                 ".storage",
+                "'mountPath ' + self.storage.map(a, a.mountPath).filter(p, "
+                "!self.storage.exists_one(b, b.mountPath == p))[0] + ' is used by two storage volumes: "
+                "give each its own path'",
             ),
             *_immutable_rules(),
         )
@@ -505,12 +1036,14 @@ class TrainingJobSpec(_Model):
 
     image: str | None = Field(
         None,
-        min_length=1,
         max_length=1024,
         description=(
-            "image is the container image every worker runs. Default: the operator's default image "
+            "image is the container image every worker runs, a reference "
+            "[registry[:port]/]repository[:tag][@digest] without spaces, e.g. "
+            "registry.example.com/team/train:1.0. Default: the operator's default image "
             "(`kubetrain operator --default-image`, env KUBETRAIN_DEFAULT_IMAGE). Immutable."
         ),
+        json_schema_extra=_extra(_IMAGE_RULE),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None,
@@ -615,15 +1148,16 @@ class TrainingJobSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    node_selector: dict[str, Annotated[str, Field(max_length=253)]] | None = Field(
+    node_selector: dict[str, LabelValue] | None = Field(
         None,
         max_length=64,
         description=(
-            "nodeSelector constrains workers to nodes with these labels. Default: none. Mutable: applies to "
-            "workers created after the change."
+            "nodeSelector constrains workers to nodes with these labels (label keys and values). Default: "
+            "none. Mutable: applies to workers created after the change."
         ),
+        json_schema_extra=_extra(_label_keys_rule("nodeSelector")),
     )
-    tolerations: list[dict[str, Any]] | None = Field(
+    tolerations: list[Toleration] | None = Field(
         None,
         max_length=64,
         description=(
@@ -632,7 +1166,7 @@ class TrainingJobSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         None,
         description=(
             "affinity is the workers' pod affinity (Kubernetes syntax). Default: none. Mutable: applies to "
@@ -642,6 +1176,7 @@ class TrainingJobSpec(_Model):
     priority_class_name: str | None = Field(
         None,
         max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
             "priorityClassName is the workers' PriorityClass. Default: none. Mutable: applies to workers "
             "created after the change."
@@ -659,28 +1194,29 @@ class TrainingJobSpec(_Model):
     service_account_name: str | None = Field(
         None,
         max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
             "serviceAccountName runs the workers as this ServiceAccount. Default: the namespace default. "
             "Mutable: applies to workers created after the change."
         ),
     )
-    pod_labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+    pod_labels: dict[str, LabelValue] | None = Field(
         None,
         max_length=64,
         description=(
-            "podLabels are added to every worker pod; keys under kubetrain.io/ are reserved. "
-            "Mutable: applies to workers created after the change."
+            "podLabels are added to every worker pod (label keys and values); keys under kubetrain.io/ are "
+            "reserved. Mutable: applies to workers created after the change."
         ),
-        json_schema_extra=_extra(_reserved_keys_rule("podLabels")),
+        json_schema_extra=_extra(_label_keys_rule("podLabels"), _reserved_keys_rule("podLabels")),
     )
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
         None,
         max_length=64,
         description=(
-            "podAnnotations are added to every worker pod; keys under kubetrain.io/ are reserved. "
-            "Mutable: applies to workers created after the change."
+            "podAnnotations are added to every worker pod (keys are label keys); keys under kubetrain.io/ "
+            "are reserved. Mutable: applies to workers created after the change."
         ),
-        json_schema_extra=_extra(_reserved_keys_rule("podAnnotations")),
+        json_schema_extra=_extra(_label_keys_rule("podAnnotations"), _reserved_keys_rule("podAnnotations")),
     )
     gang_scheduling: GangScheduling | None = Field(
         None,
@@ -724,25 +1260,41 @@ class TrainingJobSpec(_Model):
             )
         if self.args is not None and self.command is None:
             raise ValueError("spec.args needs spec.command")
-        if self.storage:
-            paths = [v.mount_path for v in self.storage]
-            names = [v.name for v in self.storage]
-            if len(set(paths)) != len(paths):
-                raise ValueError("spec.storage mountPaths must be unique")
-            if len(set(names)) != len(names):
-                raise ValueError("spec.storage names must be unique")
-        if self.env:
-            names = [e.name for e in self.env]
-            if len(set(names)) != len(names):
-                raise ValueError("spec.env names must be unique")
-        for field, values in (("podLabels", self.pod_labels), ("podAnnotations", self.pod_annotations)):
+        for field, values in (
+            ("storage", [v.name for v in self.storage or ()]),
+            ("env", [e.name for e in self.env or ()]),
+        ):
+            for index, name in enumerate(values):
+                if name in values[:index]:
+                    raise ValueError(f"spec.{field}[{index}] repeats name {name}: names must be unique")
+        paths = [v.mount_path for v in self.storage or ()]
+        for index, path in enumerate(paths):
+            if path in paths[:index]:
+                raise ValueError(
+                    f"spec.storage[{index}].mountPath {path} is used by two storage volumes: give each "
+                    "its own path"
+                )
+        for field, values in (
+            ("nodeSelector", self.node_selector),
+            ("podLabels", self.pod_labels),
+            ("podAnnotations", self.pod_annotations),
+        ):
             for key in values or {}:
-                if key.startswith(constants.RESERVED_LABEL_PREFIX):
+                if not is_label_key(key):
+                    raise ValueError(f"spec.{field} key {key} is not a label key")
+                if field != "nodeSelector" and key.startswith(constants.RESERVED_LABEL_PREFIX):
                     raise ValueError(
                         f"spec.{field} keys under {constants.RESERVED_LABEL_PREFIX} are reserved for the "
                         f"operator"
                     )
         return self
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, image: str | None) -> str | None:
+        if image is not None and not re.match(IMAGE_PATTERN, image):
+            raise ValueError(_IMAGE_RULE["message"])
+        return image
 
     @field_validator("nproc_per_worker")
     @classmethod

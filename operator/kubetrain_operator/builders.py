@@ -69,7 +69,9 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 SHM_VOLUME = "dshm"
-"""A memory-backed /dev/shm: the container default (64 MiB) breaks DataLoader workers and NCCL."""
+"""A memory-backed /dev/shm: the container default (64 MiB) breaks DataLoader workers and NCCL. A
+spec.storage volume mounted at /dev/shm (as PyTorchJob manifests carry) replaces it."""
+SHM_PATH = "/dev/shm"
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -186,14 +188,16 @@ def worker_command(spec: api.TrainingJobSpec) -> tuple[list[str], list[str] | No
 
 
 def worker_resources(spec: api.TrainingJobSpec) -> dict[str, Any]:
-    """requests/limits; a GPU request without a limit gets the same limit (extended resources need one)."""
+    """requests/limits; a request of an extended resource (nvidia.com/gpu) or hugepages without a limit
+    gets the same limit: the API server refuses such a request without one."""
     if spec.resources is None:
         return {}
     out: dict[str, Any] = {}
     requests = dict(spec.resources.requests or {})
     limits = dict(spec.resources.limits or {})
-    if constants.GPU_RESOURCE in requests and constants.GPU_RESOURCE not in limits:
-        limits[constants.GPU_RESOURCE] = requests[constants.GPU_RESOURCE]
+    for name, quantity in requests.items():
+        if api.request_must_equal_limit(name):
+            limits.setdefault(name, quantity)
     if requests:
         out["requests"] = {k: str(v) for k, v in requests.items()}
     if limits:
@@ -202,9 +206,13 @@ def worker_resources(spec: api.TrainingJobSpec) -> dict[str, Any]:
 
 
 def worker_volumes(spec: api.TrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, container volumeMounts) for spec.storage plus the shared-memory volume."""
-    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
-    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    """(pod volumes, container volumeMounts) for spec.storage plus the shared-memory volume, unless
+    spec.storage mounts its own at /dev/shm."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if all(vol.mount_path != SHM_PATH for vol in spec.storage or ()):
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     for vol in spec.storage or ():
         name = f"data-{vol.name}"
         volume: dict[str, Any] = {"name": name}
@@ -272,8 +280,8 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     }
     optional = {
         "nodeSelector": spec.node_selector,
-        "tolerations": spec.tolerations,
-        "affinity": spec.affinity,
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations or ()],
+        "affinity": spec.affinity.model_dump(by_alias=True, exclude_none=True) if spec.affinity else None,
         "priorityClassName": spec.priority_class_name,
         "schedulerName": spec.scheduler_name,
         "serviceAccountName": spec.service_account_name or ctx.default_service_account,

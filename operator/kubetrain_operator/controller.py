@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain_operator import constants, events, informer, kube, names, observe, reconcile
+from kubetrain_operator import constants, events, fieldpaths, informer, kube, names, observe, reconcile
 from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
@@ -77,6 +77,11 @@ class Outcome:
 
 class InvalidChildError(Exception):
     """The API server refused a child built from the spec (422): the spec cannot work."""
+
+    def __init__(self, child: dict[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.child = child
+        self.message = message
 
 
 def about(key: Key, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -467,7 +472,11 @@ class Controller:
                 for created in self._creators.map(self._create, batch):
                     self.cache.observe(created)
         except InvalidChildError as exc:
-            outcome.invalid = self._fail_invalid(body, plan, str(exc))
+            kind, child_name = exc.child["kind"], exc.child["metadata"]["name"]
+            message = fieldpaths.to_trainingjob_fields(exc.message, body.get("spec") or {}, exc.child)
+            outcome.invalid = self._fail_invalid(
+                body, plan, f"the API server refused {kind} {child_name}: {message}"
+            )
             return False
         except kube.ApiError as exc:
             # Quota exceeded, forbidden, server trouble: say so in status (a job must never look fine
@@ -493,9 +502,7 @@ class Controller:
                     "gang scheduler's CRDs or remove spec.gangScheduling",
                 ) from exc
             if exc.invalid:
-                raise InvalidChildError(
-                    f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: {exc.message}"
-                ) from exc
+                raise InvalidChildError(manifest, exc.message) from exc
             raise
 
     def _existing(self, manifest: dict[str, Any], exc: kube.ApiError) -> dict[str, Any]:
@@ -521,7 +528,11 @@ class Controller:
         message = f"cannot create worker objects: {exc.status} {exc.reason}: {exc.message}"
         if plan.status.get("pendingMessage") == message:
             return
-        status = {**plan.status, "pendingReason": "FailedCreate", "pendingMessage": message}
+        status = {
+            **st.children_not_created(plan.status, body.get("status") or {}),
+            "pendingReason": "FailedCreate",
+            "pendingMessage": message,
+        }
         try:
             written = self.kube.patch_status(
                 meta["namespace"], meta["name"], status, meta.get("resourceVersion")
@@ -558,7 +569,7 @@ class Controller:
         """Fail the job whose child the API server refused (422): the message, or None when the
         TrainingJob changed since the plan was made (the verdict is then planned again from the news)."""
         meta = body["metadata"]
-        status = dict(plan.status)
+        status = st.children_not_created(plan.status, body.get("status") or {})
         now = self.clock()
         st.enter_phase(status, "Failed", "InvalidSpec", message, now)
         status["completionTime"] = st.timestamp(now)

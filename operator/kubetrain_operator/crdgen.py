@@ -4,7 +4,8 @@ Pydantic's JSON schema is not a Kubernetes structural schema, so it is rewritten
 
 - `$ref`/`$defs` are inlined (a structural schema has no references);
 - `anyOf: [X, {type: null}]` (an Optional field) becomes X: an absent field is how Kubernetes says "unset";
-- `anyOf` of integer and string becomes `x-kubernetes-int-or-string` (quantities, nprocPerWorker);
+- `anyOf` of integer and string becomes `x-kubernetes-int-or-string` (quantities, nprocPerWorker), with
+  the branches' bounds (minimum, maxLength) and, for quantities, `api.QUANTITY_RULE`;
 - `additionalProperties: false` is dropped (the API server prunes and `kubectl` refuses unknown fields),
   free-form objects (`dict[str, Any]`) get `x-kubernetes-preserve-unknown-fields`;
 - exclusive bounds become OpenAPI v3.0 booleans (`exclusiveMaximum: true` beside `maximum`);
@@ -131,8 +132,15 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
             out = {k: v for k, v in node.items() if k not in _DROP_KEYS}
             out["x-kubernetes-int-or-string"] = True
             out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            # Each branch's bounds apply to values of its type only: a quantity is never a negative
+            # integer, and its string form is short (which also bounds the cost of CEL rules reading it).
+            for branch in branches:
+                out.update({k: v for k, v in branch.items() if k in ("minimum", "maxLength")})
             if quantity:
-                out["pattern"] = api.QUANTITY_PATTERN
+                out["x-kubernetes-validations"] = [
+                    *out.get("x-kubernetes-validations", ()),
+                    api.QUANTITY_RULE,
+                ]
             if out.get("default", "") is None:
                 del out["default"]
             return out
@@ -168,7 +176,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
         elif isinstance(extra, dict) and extra:
             node["additionalProperties"] = _structural(extra, defs, f"{path}[*]")
         else:
-            # dict[str, Any]: a free-form Kubernetes object (affinity, valueFrom, tolerations[*]).
+            # dict[str, Any]: a free-form Kubernetes object (the kinds of affinity).
             node["x-kubernetes-preserve-unknown-fields"] = True
     elif node.get("type") == "array":
         node["items"] = _structural(node.get("items", {}), defs, f"{path}[]")

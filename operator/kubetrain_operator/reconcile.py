@@ -150,12 +150,17 @@ class Defaults:
 
 
 def spec_error(exc: pydantic.ValidationError) -> str:
-    """The first validation error as `spec.<field>: <message>`."""
+    """The first validation errors as `spec.<field>: <message>`, the field written as the API server
+    writes it (spec.env[0].name), so the message points into the user's manifest."""
     parts = []
     for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if not str(p).startswith("function-"))
-        msg = err.get("msg", "invalid")
-        parts.append(f"spec.{loc}: {msg}" if loc else f"spec: {msg}")
+        loc = "spec"
+        for part in err.get("loc", ()):
+            if isinstance(part, int):
+                loc += f"[{part}]"
+            elif not part.startswith("function-") and part not in ("int", "str", "constrained-int"):
+                loc += f".{part}"  # the union of a quantity names its branches (int, str): not fields
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
 
 

@@ -91,6 +91,21 @@ def enter_phase(status: dict[str, Any], phase: str, reason: str, message: str, n
     return changed
 
 
+def children_not_created(planned: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """`planned` for a pass whose children the API server refused: the Created condition and startTime
+    stay as `stored` had them, so status never claims worker Jobs that do not exist."""
+    out = dict(planned)
+    created = get_condition(stored, "Created")
+    out["conditions"] = [
+        (created if c.get("type") == "Created" else c)
+        for c in planned.get("conditions") or ()
+        if c.get("type") != "Created" or created is not None
+    ]
+    if stored.get("startTime") is None:
+        out.pop("startTime", None)
+    return out
+
+
 def worker_counts(workers: Sequence[Worker]) -> dict[str, int]:
     return {
         "active": sum(w.phase in ("pending", "running") for w in workers),

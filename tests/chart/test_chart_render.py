@@ -291,15 +291,6 @@ BAD_VALUES = {
         },
         "prot",
     ),
-    "latest tag": (
-        {
-            "image": {
-                "operator": {"repository": "r/op", "tag": "latest"},
-                "trainer": {"repository": "r/tr", "tag": "1"},
-            }
-        },
-        "/image/operator/tag",
-    ),
     "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
     "zero workers": ({"workers": 0}, "/workers"),
     "bad log level": ({"logLevel": "trace"}, "/logLevel"),
@@ -367,6 +358,19 @@ def test_training_job_policy_values_become_the_operators_flags(helm_bin: Path, t
     assert (nothing.allowed_volume_types, nothing.allowed_service_accounts) == ([], [])
     default = operator_container(render(helm_bin, tmp_path))["args"]
     assert not [arg for arg in default if arg.startswith("--allowed-")]  # everything the API allows
+
+
+def test_a_latest_tag_is_refused_saying_what_to_pin(helm_bin: Path, tmp_path: Path) -> None:
+    values = {
+        "image": {
+            "operator": {"repository": "r/op", "tag": "1"},
+            "trainer": {"repository": "r/tr", "tag": "latest"},
+        }
+    }
+    output = helm(
+        helm_bin, "template", "kt", str(CHART_DIR), "-f", str(values_file(tmp_path, values)), check=False
+    )
+    assert "image.trainer.tag: latest is refused: pin a version" in output, output
 
 
 def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_path: Path) -> None:

@@ -323,3 +323,27 @@ def test_worker_service_account_is_the_specs_else_the_operators_default(
     ctx = dataclasses.replace(context(spec=spec), default_service_account=operator_default)
     pod_spec = builders.build_worker_job(ctx, 0)["spec"]["template"]["spec"]
     assert pod_spec.get("serviceAccountName") == expected
+
+
+def test_a_users_dev_shm_volume_replaces_the_operators() -> None:
+    """PyTorchJob manifests carry their own /dev/shm volume: it is mounted instead of the operator's,
+    never beside it (two mounts at one path make the API server refuse the Job)."""
+    spec = {
+        **trainer_spec(),
+        "storage": [{"name": "shm", "mountPath": "/dev/shm", "emptyDir": {"medium": "Memory"}}],
+    }
+    pod = builders.build_worker_job(context(spec=spec), 0)["spec"]["template"]["spec"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert [m["mountPath"] for m in mounts] == ["/dev/shm"]
+    assert [v["name"] for v in pod["volumes"]] == ["data-shm"]
+
+
+def test_extended_resources_and_hugepages_requested_without_a_limit_get_an_equal_limit() -> None:
+    spec = {
+        **trainer_spec(),
+        "resources": {
+            "requests": {"cpu": "1", "example.com/fpga": 2, "hugepages-2Mi": "1Gi", "memory": "2Gi"}
+        },
+    }
+    resources = _container(builders.build_worker_job(context(spec=spec), 0))["resources"]
+    assert resources["limits"] == {"example.com/fpga": "2", "hugepages-2Mi": "1Gi"}

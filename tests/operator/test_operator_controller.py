@@ -370,17 +370,28 @@ def test_a_ttl_deletion_planned_from_a_stale_read_never_deletes_a_namesake() -> 
     assert fake.objects[(constants.KIND, NS, "demo")]["metadata"]["uid"] == "uid-of-the-new-namesake"
 
 
-def test_a_child_the_api_server_refuses_fails_the_job_naming_the_field() -> None:
-    fake = _fake_with_job()
+def test_a_child_the_api_server_refuses_fails_the_job_naming_the_trainingjobs_field_not_the_jobs() -> None:
+    fake = _fake_with_job(spec={"trainer": {}, "workers": 2, "env": [{"name": "A", "value": "1"}]})
     fake.fail_create["demo-r0-w0"] = kube.ApiError(
         422,
         "Invalid",
-        'Job.batch "demo-r0-w0" is invalid: spec.template.spec.containers[0].image: Required value',
+        'Job.batch "demo-r0-w0" is invalid: spec.template.spec.containers[0].env[18].value: Invalid value',
     )
     outcome = _controller(fake).reconcile(NS, "demo")
-    assert outcome.invalid and "containers[0].image" in outcome.invalid
+    assert outcome.invalid and "spec.env[0].value: Invalid value" in outcome.invalid, outcome.invalid
+    assert "containers" not in outcome.invalid
     assert fake.status()["phase"] == "Failed"
     assert next(c for c in fake.status()["conditions"] if c["type"] == "Failed")["reason"] == "InvalidSpec"
+
+
+def test_a_refused_child_is_never_claimed_as_created() -> None:
+    fake = _fake_with_job()
+    fake.fail_create["demo-r0-w0"] = kube.ApiError(
+        422, "Invalid", "spec.template.spec.containers[0].image: bad"
+    )
+    _controller(fake).reconcile(NS, "demo")
+    assert [c["type"] for c in fake.status()["conditions"] if c["status"] == "True"] == ["Failed"]
+    assert "startTime" not in fake.status()
 
 
 def test_an_invalid_spec_fails_without_creating_anything() -> None:
@@ -410,6 +421,7 @@ def test_a_refused_creation_shows_in_status_and_is_retried() -> None:
     assert ctl.trigger(NS, "demo") is None
     assert fake.status()["pendingReason"] == "FailedCreate"
     assert "exceeded quota" in fake.status()["pendingMessage"]
+    assert all(c["type"] != "Created" for c in fake.status().get("conditions") or ())
     assert [e["reason"] for e in fake.events][-1] == "FailedCreate"
     assert ctl._due  # retried later
     del fake.fail_create["demo-r0-w1"]

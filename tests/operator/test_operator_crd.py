@@ -8,15 +8,13 @@ from typing import Any
 
 import pydantic
 import pytest
-import yaml
-from kubetrain_operator import api, crdgen
+from kubetrain_operator import api, crdgen, reconcile
+from testcluster.manifests import RefusedCase, accepted_trainingjobs, refused_cases
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-INVALID = list(
-    yaml.safe_load_all((Path(__file__).parent / "testdata" / "invalid-trainingjobs.yaml").read_text())
-)
+REFUSED = refused_cases()
 
 
 def _schema() -> dict[str, Any]:
@@ -149,6 +147,8 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
             raise _RefusedError(path)
         if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
             raise _RefusedError(path)
+        if isinstance(value, int) and value < node.get("minimum", value):
+            raise _RefusedError(path)
         return
     kind = node.get("type")
     types = {"object": dict, "array": list, "string": str, "boolean": bool, "number": int | float}
@@ -175,8 +175,15 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
     if kind == "array":
         if len(value) > node.get("maxItems", 10**9) or len(value) < node.get("minItems", 0):
             raise _RefusedError(path)
+        keys = node.get("x-kubernetes-list-map-keys")
+        seen = set()
         for i, item in enumerate(value):
             _check(node["items"], item, f"{path}[{i}]")
+            if keys:
+                key = tuple(item.get(k) for k in keys)
+                if key in seen:
+                    raise _RefusedError(f"{path}[{i}]")  # the API server's "Duplicate value"
+                seen.add(key)
     if kind == "object":
         if len(value) > node.get("maxProperties", 10**9):
             raise _RefusedError(path)
@@ -193,85 +200,41 @@ def _check(node: dict[str, Any], value: Any, path: str) -> None:
                 _check(node["additionalProperties"], item, f"{path}.{key}")
 
 
-def _cel_rules(node: dict[str, Any]) -> list[dict[str, str]]:
-    return [r for _, n in _walk(node) for r in n.get("x-kubernetes-validations", ())]
+def test_the_refusal_table_covers_at_least_a_hundred_cases_with_unique_names() -> None:
+    names = [case.name for case in REFUSED]
+    assert len(names) >= 100
+    assert len(set(names)) == len(names)
 
 
-def test_there_are_at_least_twenty_invalid_manifests() -> None:
-    assert len(INVALID) >= 20
+@pytest.mark.parametrize("case", REFUSED, ids=[case.name for case in REFUSED])
+def test_the_operator_refuses_every_case_naming_the_field(case: RefusedCase) -> None:
+    """The operator's own models refuse what the API server refuses (for CRDs installed without the
+    rules), and its InvalidSpec message names the same field."""
+    with pytest.raises(pydantic.ValidationError) as refused:
+        api.TrainingJobSpec.model_validate(case.manifest["spec"])
+    message = reconcile.spec_error(refused.value)
+    parent, _, leaf = case.field.rpartition(".")
+    assert case.field in message or (leaf in message and parent.split("[")[0] in message), message
 
 
-@pytest.mark.parametrize("doc", INVALID, ids=[d["metadata"]["name"] for d in INVALID])
-def test_invalid_manifest_is_refused_naming_the_field(doc: dict[str, Any]) -> None:
-    expect = doc["metadata"]["annotations"]["kubetrain.test/expect-field"]
-    refused_by = doc["metadata"]["annotations"]["kubetrain.test/refused-by"]
-    with pytest.raises(pydantic.ValidationError):
-        api.TrainingJob.model_validate(doc)
-    schema = _schema()
-    if refused_by == "schema":
+@pytest.mark.parametrize("case", REFUSED, ids=[case.name for case in REFUSED])
+def test_schema_cases_are_refused_by_openapi_keywords_and_cel_cases_only_by_rules(case: RefusedCase) -> None:
+    spec = _schema()["properties"]["spec"]
+    if case.by == "schema":
         with pytest.raises(_RefusedError) as refused:
-            _check(schema["properties"]["spec"], doc["spec"], "spec")
-        assert str(refused.value).startswith(expect), (str(refused.value), expect)
+            _check(spec, case.manifest["spec"], "spec")
+        assert str(refused.value).startswith(case.field.split("[")[0]), (str(refused.value), case.field)
     else:
-        _check(schema["properties"]["spec"], doc["spec"], "spec")  # nothing but CEL refuses it
-        leaf = [t for t in re.split(r"[.\[\]]", expect) if t and not t.isdigit()][-1]
-        assert any(leaf in r["message"] or leaf in r.get("fieldPath", "") for r in _cel_rules(schema)), leaf
-
-
-VALID = {
-    "apiVersion": "kubetrain.io/v1alpha1",
-    "kind": "TrainingJob",
-    "metadata": {"name": "full"},
-    "spec": {
-        "image": "registry.local/kubetrain:1",
-        "imagePullPolicy": "IfNotPresent",
-        "workers": 4,
-        "nprocPerWorker": 2,
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 2},
-            "limits": {"nvidia.com/gpu": 2},
-        },
-        "command": ["python", "/app/train.py"],
-        "args": ["--epochs", "3"],
-        "launcher": "torchrun",
-        "storage": [
-            {
-                "name": "data",
-                "mountPath": "/data",
-                "persistentVolumeClaim": {"claimName": "cifar", "readOnly": True},
-            },
-            {"name": "out", "mountPath": "/output", "emptyDir": {"sizeLimit": "1Gi"}},
-        ],
-        "env": [
-            {"name": "A", "value": "1"},
-            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        ],
-        "nodeSelector": {"pool": "gpu"},
-        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
-        },
-        "priorityClassName": "high",
-        "schedulerName": "default-scheduler",
-        "serviceAccountName": "trainer",
-        "podLabels": {"team": "vision"},
-        "podAnnotations": {"note": "x"},
-        "successPolicy": "AllWorkers",
-        "runPolicy": {
-            "maxRestarts": 5,
-            "activeDeadlineSeconds": 3600,
-            "ttlSecondsAfterFinished": 60,
-            "cleanPodPolicy": "All",
-            "suspend": True,
-        },
-        "failurePolicy": {"nonRetryableExitCodes": [2, 3, 4], "retryableExitCodes": [1, 10, 11, 12]},
-    },
-}
+        _check(spec, case.manifest["spec"], "spec")  # nothing but CEL refuses it
 
 
 @pytest.mark.parametrize(
     "spec",
-    [VALID["spec"], {"trainer": {}}, {"trainer": {"epochs": 1, "data": {"dataset": "fake"}}, "workers": 3}],
+    [
+        *(m["spec"] for m in accepted_trainingjobs()),
+        {"trainer": {}},
+        {"trainer": {"epochs": 1, "data": {"dataset": "fake"}}, "workers": 3},
+    ],
 )
 def test_valid_manifests_pass_both_validators(spec: dict[str, Any]) -> None:
     api.TrainingJobSpec.model_validate(spec)
