@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import admission, constants, informer, kube, reconcile
+from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -372,10 +372,17 @@ def test_a_ttl_deletion_planned_from_a_stale_read_never_deletes_a_namesake() -> 
 
 def test_a_child_the_api_server_refuses_fails_the_job_naming_the_trainingjobs_field_not_the_jobs() -> None:
     fake = _fake_with_job(spec={"trainer": {}, "workers": 2, "env": [{"name": "A", "value": "1"}]})
+    # The user's env follows the operator's own variables in the container: its index there is theirs.
+    spec = api.TrainingJobSpec.model_validate(
+        {"trainer": {}, "workers": 2, "env": [{"name": "A", "value": "1"}]}
+    )
+    context = builders.Context(owner=builders.Owner(name="demo", namespace=NS, uid="u"), spec=spec)
+    operator_env = [item["name"] for item in builders.worker_env(context, 0)].index("A")
     fake.fail_create["demo-r0-w0"] = kube.ApiError(
         422,
         "Invalid",
-        'Job.batch "demo-r0-w0" is invalid: spec.template.spec.containers[0].env[18].value: Invalid value',
+        f'Job.batch "demo-r0-w0" is invalid: spec.template.spec.containers[0].env[{operator_env}].value: '
+        "Invalid value",
     )
     outcome = _controller(fake).reconcile(NS, "demo")
     assert outcome.invalid and "spec.env[0].value: Invalid value" in outcome.invalid, outcome.invalid
