@@ -129,7 +129,11 @@ def start_sandbox(log_dir: Path) -> Sandbox:
 def start_relay(sandbox: Sandbox, inner_port: int, log_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     """Relay 127.0.0.1:<free port> on the machine to 127.0.0.1:`inner_port` inside the sandbox."""
     outer_port = processes.free_port()
-    inner = " ".join([*sandbox.enter(["socat", "STDIO", f"TCP:127.0.0.1:{inner_port}"])])
+    # socat splits its addresses at colons, so the command for each connection lives in a script.
+    inner = log_dir / "apiserver-relay-inner.sh"
+    command = " ".join(sandbox.enter(["socat", "STDIO", f"TCP:127.0.0.1:{inner_port}"]))
+    inner.write_text(f"#!/bin/sh\nexec {command}\n")
+    inner.chmod(0o755)
     relay = processes.start(
         "apiserver-relay",
         ["socat", f"TCP-LISTEN:{outer_port},bind=127.0.0.1,reuseaddr,fork", f"EXEC:{inner}"],
