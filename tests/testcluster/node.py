@@ -158,6 +158,19 @@ def _remove_cgroups(root: str) -> None:
             tree.rmdir()
 
 
+def _make_cgroups(root: str) -> None:
+    """The kubelet's cgroupRoot must exist under every v1 controller before it starts (it creates only
+    what lies below). cpuset children start empty in v1: they get their parent's CPUs and memory nodes."""
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        if controller.name == "unified" or not (controller / "cgroup.procs").exists():
+            continue
+        tree = controller / root.lstrip("/")
+        tree.mkdir(exist_ok=True)
+        for inherited in ("cpuset.cpus", "cpuset.mems"):
+            if (tree / inherited).exists():
+                (tree / inherited).write_text((controller / inherited).read_text())
+
+
 def _containerd_config(directory: Path) -> str:
     cni_dir = directory / "cni"
     return f"""version = 2
@@ -319,6 +332,7 @@ def start_node(
                 "--v=1",
             ],
         )
+        _make_cgroups(cgroup_root)
         (directory / "kubelet.yaml").write_text(
             yaml.safe_dump(_kubelet_config(directory, ca_cert, cgroup_root))
         )
@@ -338,6 +352,14 @@ def start_node(
         node.stop()
         raise
     return node
+
+
+def _log_tails(log_dir: Path, lines: int = 25) -> str:
+    """The end of every node component's log, for an error message: the directory is gone after teardown."""
+    return "\n".join(
+        f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted(log_dir.glob("*.log"))
+    )
 
 
 def _ctr_ok(node: Node) -> bool:
@@ -378,7 +400,10 @@ def real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
             ca_cert=cluster.directory / "pki" / "ca.crt",
             images=images,
         )
-        cluster.kubectl("wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=180s")
+        if cluster.run_kubectl(
+            "wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=180s"
+        ).returncode:
+            raise NodeError(f"node {NODE_NAME} not Ready after 180 s:\n{_log_tails(node.directory / 'logs')}")
         yield cluster, node
     finally:
         if node is not None:
