@@ -400,10 +400,15 @@ def real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
             ca_cert=cluster.directory / "pki" / "ca.crt",
             images=images,
         )
-        if cluster.run_kubectl(
-            "wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=180s"
-        ).returncode:
-            raise NodeError(f"node {NODE_NAME} not Ready after 180 s:\n{_log_tails(node.directory / 'logs')}")
+        ready = '{.status.conditions[?(@.type=="Ready")].status}'
+        deadline = time.monotonic() + 180
+        # `kubectl wait` fails at once on a node not yet registered: poll until it is there and Ready.
+        while cluster.kubectl("get", "node", NODE_NAME, "-o", f"jsonpath={ready}", check=False) != "True":
+            if time.monotonic() > deadline:
+                raise NodeError(
+                    f"node {NODE_NAME} not Ready after 180 s:\n{_log_tails(node.directory / 'logs')}"
+                )
+            time.sleep(1)
         yield cluster, node
     finally:
         if node is not None:
