@@ -526,3 +526,10 @@ def test_worker_service_account_follows_its_values(helm_bin: Path, tmp_path: Pat
         "ml", "team-a", "team-b"]  # fmt: skip
     assert worker_namespaces({**NAMESPACED, "workerServiceAccount": {"create": False, "name": "kubetrain-worker",
                                                                      "namespaces": []}}) == []  # fmt: skip
+
+
+def test_the_operator_pod_gets_no_service_link_env(helm_bin: Path, tmp_path: Path) -> None:
+    """Service links would put KUBETRAIN_METRICS_PORT=tcp://<ip>:8080 (the chart's own metrics Service)
+    into the operator's env, where the operator reads its metrics port: it crashed on a real node."""
+    deployment = only(render(helm_bin, tmp_path), "Deployment")
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False

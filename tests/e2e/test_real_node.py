@@ -131,13 +131,17 @@ def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(inst
     assert pod["spec"]["securityContext"]["runAsUser"] == 65532
     assert pod["status"]["containerStatuses"][0]["ready"] is True
     name = pod["metadata"]["name"]
-    healthz = cluster.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{name}:8081/proxy/healthz"
-    )
+    # The kubelet's startup and liveness probes on /healthz made the container Ready; ask both endpoints
+    # from inside the pod as well (exec through the kubelet and containerd's stream server).
+
+    def answer(port: int, path: str) -> str | None:
+        fetch = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/{path}').read().decode())"
+        result = cluster.run_kubectl("-n", RELEASE_NAMESPACE, "exec", name, "--", "python3", "-c", fetch)
+        return result.stdout if result.returncode == 0 else None
+
+    healthz = wait_for(lambda: answer(8081, "healthz"), "the operator's liveness endpoint", 120, interval=2)
     assert healthz.strip(), "the liveness endpoint answers"
-    metrics = cluster.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{name}:8080/proxy/metrics"
-    )
+    metrics = wait_for(lambda: answer(8080, "metrics"), "the operator's metrics endpoint", 60, interval=2)
     assert "kubetrain_" in metrics and "python_info" in metrics
 
 
