@@ -153,11 +153,11 @@ def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
 
     def progress_shown() -> dict[str, str] | None:
         columns = _printed_columns(cluster, "dns-ddp")
-        return columns if columns.get("EPOCH") and columns.get("LOSS") else None
+        return columns if columns.get("EPOCH") and columns.get("TRAIN-LOSS") else None
 
     columns = wait_for(
         progress_shown,
-        "EPOCH and LOSS in kubectl get tj",
+        "EPOCH and TRAIN-LOSS in kubectl get tj",
         600,
         interval=1,
         explain=lambda: _story(cluster, "dns-ddp"),
