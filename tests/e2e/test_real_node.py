@@ -142,7 +142,7 @@ def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(inst
     healthz = wait_for(lambda: answer(8081, "healthz"), "the operator's liveness endpoint", 120, interval=2)
     assert healthz.strip(), "the liveness endpoint answers"
     metrics = wait_for(lambda: answer(8080, "metrics"), "the operator's metrics endpoint", 60, interval=2)
-    assert "kubetrain_" in metrics and "python_info" in metrics
+    assert "kubetrain_trainingjobs_created_total" in metrics and "kubetrain_workqueue_depth" in metrics
 
 
 def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
