@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -143,9 +145,22 @@ class Node:
 
 
 def _remove_cgroups(root: str) -> None:
-    """rmdir the kubelet's cgroup tree under every v1 controller, deepest first."""
+    """Kill what is left in the kubelet's cgroup tree (pod containers live in network namespaces of their
+    own, so the sandbox's teardown does not reach them), then rmdir the tree under every v1 controller."""
     if not root:
         return
+    for _ in range(3):
+        pids = {
+            int(pid)
+            for procs in Path("/sys/fs/cgroup/pids", root.lstrip("/")).rglob("cgroup.procs")
+            for pid in procs.read_text().split()
+        }
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
     for controller in Path("/sys/fs/cgroup").iterdir():
         tree = controller / root.lstrip("/")
         if not tree.is_dir():
