@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -32,6 +30,7 @@ import yaml
 from testcluster import binaries, processes
 from testcluster.cluster import Cluster, start_cluster
 from testcluster.sandbox import CLUSTER_IP, POD_SUBNET, Sandbox, start_sandbox
+from testcluster.waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
 PAUSE_IMAGE = "localhost/kubetrain-pause:1"
@@ -149,18 +148,14 @@ def _remove_cgroups(root: str) -> None:
     own, so the sandbox's teardown does not reach them), then rmdir the tree under every v1 controller."""
     if not root:
         return
-    for _ in range(3):
-        pids = {
+    processes.kill_until_gone(
+        lambda: {
             int(pid)
             for procs in Path("/sys/fs/cgroup/pids", root.lstrip("/")).rglob("cgroup.procs")
             for pid in procs.read_text().split()
-        }
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.5)
+        },
+        pause=0.5,
+    )
     for controller in Path("/sys/fs/cgroup").iterdir():
         tree = controller / root.lstrip("/")
         if not tree.is_dir():
@@ -322,8 +317,9 @@ def start_node(
 
     try:
         launch("containerd", ["containerd", f"--config={directory / 'containerd.toml'}"])
-        _wait(node.containerd_socket.exists, "containerd socket", log_dir / "containerd.log")
-        _wait(lambda: _ctr_ok(node), "containerd answering", log_dir / "containerd.log")
+        containerd_log = lambda: f"see {log_dir / 'containerd.log'}"  # noqa: E731
+        wait_for(node.containerd_socket.exists, "containerd's socket", explain=containerd_log)
+        wait_for(lambda: _ctr_ok(node), "containerd answering", explain=containerd_log)
         _ensure_pause_image()
         for reference in [PAUSE_IMAGE, *images]:
             node.load_image(reference)
@@ -383,15 +379,6 @@ def _ctr_ok(node: Node) -> bool:
     except (NodeError, subprocess.TimeoutExpired):
         return False
     return True
-
-
-def _wait(condition: Any, what: str, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise NodeError(f"{what}: not after {timeout:.0f}s; see {log}")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -77,3 +77,16 @@ def stop_group(pid: int, grace_seconds: float = 5.0) -> None:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def kill_until_gone(find: Callable[[], Collection[int]], *, rounds: int = 3, pause: float = 0.3) -> None:
+    """SIGKILL every pid `find()` names, again until it names none (processes that are not our children,
+    such as containerd's shims and the containers they start, found through a namespace or a cgroup)."""
+    for _ in range(rounds):
+        pids = find()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(pause)

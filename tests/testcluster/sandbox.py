@@ -16,11 +16,8 @@ the runtime that starts its containers.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,14 +88,7 @@ class Sandbox:
         """SIGKILL everything left in the namespace, then the holder; the namespace and its bridge, routes
         and iptables rules vanish with the last process."""
         if self.holder.poll() is None:
-            for _ in range(3):
-                pids = self.members()
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.3)
+            processes.kill_until_gone(self.members)
             processes.stop_group(self.pid, grace_seconds=1.0)
         self.holder.wait(timeout=10)
 
