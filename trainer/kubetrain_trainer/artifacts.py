@@ -2,6 +2,7 @@
 
 model.pt holds only tensors and plain types (weights, config JSON, class names, preprocessing), so it
 loads with `torch.load(weights_only=True)` and needs no pickled code from the trainer that wrote it.
+Both files carry the run's `provenance.record` (config, code version, data origin) under `provenance`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def save_model(
-    path: Path, model: nn.Module, config: TrainerConfig, classes: list[str], prep: Preprocessing
+    path: Path,
+    model: nn.Module,
+    config: TrainerConfig,
+    classes: list[str],
+    prep: Preprocessing,
+    *,
+    provenance: dict[str, Any],
 ) -> None:
     """Write model.pt atomically; weights are stored contiguous on the CPU so any device can load them."""
     state = {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()}
@@ -50,6 +57,7 @@ def save_model(
         "config": config.model_dump_json(),
         "classes": list(classes),
         "preprocessing": prep.to_dict(),
+        "provenance": provenance,
         "state_dict": state,
     }
     atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
@@ -73,6 +81,9 @@ def load_model(path: Path, device: torch.device) -> TrainedModel:
     return TrainedModel(model, config, classes, Preprocessing.from_dict(blob["preprocessing"]))
 
 
-def write_metrics(path: Path, history: list[dict[str, Any]], report: dict[str, Any]) -> None:
-    """metrics.json: per-epoch history plus the final per-class report and confusion matrix."""
-    atomic.write_text_atomic(path, json.dumps({"epochs": history, **report}, indent=2) + "\n")
+def write_metrics(
+    path: Path, history: list[dict[str, Any]], report: dict[str, Any], provenance: dict[str, Any]
+) -> None:
+    """metrics.json: per-epoch history, the final per-class report and confusion matrix, provenance."""
+    blob = {"epochs": history, **report, "provenance": provenance}
+    atomic.write_text_atomic(path, json.dumps(blob, indent=2) + "\n")

@@ -3,10 +3,15 @@
 Equivalent to DistributedSampler + DataLoader without per-sample Python work: every rank draws the same
 seeded permutation for the epoch, cuts it into global batches, and takes its own slice of each, so
 `world_size` ranks x batch b see exactly the images that 1 rank x batch (world_size x b) would.
+
+Every batch is a pure function of (seed, epoch, step, rank): the permutation of the epoch and a generator
+seeded for that one batch. A run resumed in the middle of an epoch therefore continues with exactly the
+batches and augmentations the interrupted run would have drawn, with no random state to checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -59,8 +64,14 @@ def crop_flip(padded: torch.Tensor, size: int, generator: torch.Generator) -> to
     return picked.permute(0, 3, 1, 2)
 
 
+def batch_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The augmentation generator's seed for one batch: a hash, so any seed, epoch and step fit 63 bits."""
+    text = f"kubetrain-augment:{seed}:{epoch}:{step}:{rank}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+
+
 class BatchLoader:
-    """Yields (normalised float images, labels) for one rank; `set_epoch` reshuffles per epoch."""
+    """Yields (normalised float images, labels) for one rank; `set_epoch` selects the epoch and offset."""
 
     def __init__(
         self,
@@ -93,10 +104,12 @@ class BatchLoader:
         self.device = device
         self.channels_last = channels_last
         self.epoch = 0
+        self.start_step = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose permutation and augmentation draws the next iteration uses."""
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select the epoch the next iteration yields, from its batch `start_step` on (a resumed epoch)."""
         self.epoch = epoch
+        self.start_step = start_step
 
     def __len__(self) -> int:
         """Batches per epoch; the incomplete last global batch is dropped so ranks stay in lockstep."""
@@ -107,14 +120,13 @@ class BatchLoader:
 
         order_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(len(self.data), generator=order_gen).to(self.device)
-        aug_gen = torch.Generator(device=self.device).manual_seed(
-            (self.seed * 1_000_003 + self.epoch) * 4099 + self.rank + 1
-        )
         global_batch = self.batch_size * self.world_size
-        for step in range(len(self)):
+        for step in range(self.start_step, len(self)):
             start = step * global_batch + self.rank * self.batch_size
             index = order[start : start + self.batch_size]
             if self.padded is not None:
+                aug_gen = torch.Generator(device=self.device)
+                aug_gen.manual_seed(batch_seed(self.seed, self.epoch, step, self.rank))
                 images = crop_flip(self.padded[index], self.image_size, aug_gen)
             else:
                 images = self.data.images[index]

@@ -1,8 +1,15 @@
 """Checkpoints of the training state: rank 0 writes atomically, every rank loads, corrupt ones are skipped.
 
-Each checkpoint `epoch-NNNNNN.pt` is written to a temporary file and renamed; its SHA-256 is then written
-atomically to `epoch-NNNNNN.pt.sha256`. A checkpoint without a matching digest (the pod died between the
-two renames, the volume was truncated, a bit flipped) is invalid: resume warns and uses the previous one.
+A checkpoint `epoch-EEEEEE-step-SSSSSSSSSS.pt` holds the state after S optimizer steps of the run, the last
+of them in epoch E (1-based), so names sort by (epoch, step) and an epoch's end is its largest step.
+Older trainers wrote `epoch-EEEEEE.pt` at the end of epoch E; those still load and sort as that epoch's end.
+
+Writing does not stall training: `save_in_background` copies the state to CPU memory on the caller's thread
+(`snapshots.cpu_copy`), then one writer thread serialises it to a temporary file, fsyncs and renames it,
+and writes its SHA-256 atomically to `<name>.sha256`. At most one write is in flight: the next save, and
+`wait`, first finish the previous one and re-raise its error. A checkpoint without a matching digest (the
+pod died between the two renames, the volume was truncated, a bit flipped) is invalid: resume warns and
+uses the previous one.
 
 A checkpoint also records who wrote it: the TrainingJob's uid, the class names and the config fields that
 shape the state (`config.resume_identity`). The output directory is keyed by the job's name, which a new
@@ -15,16 +22,19 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from kubetrain_trainer import atomic
+from kubetrain_trainer import atomic, snapshots
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^epoch-(\d{6})\.pt$")
+_NAME = re.compile(r"^epoch-(\d{6})(?:-step-(\d{10}))?\.pt$")
+_END_OF_EPOCH = 1 << 62
+"""Sort key step of an old `epoch-EEEEEE.pt`: it was written at the end of its epoch."""
 
 
 class Stateful(Protocol):
@@ -43,51 +53,84 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
 class Checkpointer:
     """Saves and restores a dict of `Stateful` components under one directory."""
 
     def __init__(self, directory: Path, keep: int) -> None:
         self.directory = directory
         self.keep = keep
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending: Future[None] | None = None
 
-    def path_for(self, epoch: int) -> Path:
-        """Where the checkpoint taken after `epoch` (1-based) lives."""
-        return self.directory / f"epoch-{epoch:06d}.pt"
+    def path_for(self, epoch: int, step: int) -> Path:
+        """Where the checkpoint after `step` optimizer steps, the last in `epoch` (1-based), lives."""
+        return self.directory / f"epoch-{epoch:06d}-step-{step:010d}.pt"
 
-    def candidates(self) -> list[tuple[int, Path]]:
-        """(epoch, path) of every checkpoint file present, newest first, valid or not."""
+    def candidates(self) -> list[tuple[tuple[int, int], Path]]:
+        """((epoch, step), path) of every checkpoint file present, newest first, valid or not."""
         if not self.directory.is_dir():
             return []
         found = []
         for path in self.directory.iterdir():
             match = _NAME.match(path.name)
             if match:
-                found.append((int(match.group(1)), path))
+                step = int(match.group(2)) if match.group(2) else _END_OF_EPOCH
+                found.append(((int(match.group(1)), step), path))
         return sorted(found, reverse=True)
 
-    def save(self, epoch: int, components: dict[str, Stateful], extra: dict[str, Any]) -> Path:
-        """Write the checkpoint for `epoch` and its digest, then prune to the `keep` newest."""
-        path = self.path_for(epoch)
-        blob = {"epoch": epoch, "extra": extra, **{name: c.state_dict() for name, c in components.items()}}
-        atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
-        atomic.write_text_atomic(path.with_name(path.name + ".sha256"), _sha256(path) + "\n")
-        for _, old in self.candidates()[self.keep :]:
-            old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-            old.unlink(missing_ok=True)
+    def save(self, epoch: int, step: int, components: dict[str, Stateful], extra: dict[str, Any]) -> Path:
+        """Write the checkpoint and wait until it and its digest are on disk."""
+        path = self.save_in_background(epoch, step, components, extra)
+        self.wait()
         return path
+
+    def save_in_background(
+        self, epoch: int, step: int, components: dict[str, Stateful], extra: dict[str, Any]
+    ) -> Path:
+        """Copy the state now, write it (digest, pruning to the `keep` newest) on the writer thread.
+
+        Returns the path the checkpoint will have; the previous write is finished first, so its error,
+        if any, surfaces here rather than being lost.
+        """
+        self.wait()
+        blob = {
+            "epoch": epoch,
+            "step": step,
+            "extra": extra,
+            **{name: snapshots.cpu_copy(c.state_dict()) for name, c in components.items()},
+        }
+        path = self.path_for(epoch, step)
+        self._pending = self._writer.submit(self._write, path, blob)
+        return path
+
+    def wait(self) -> None:
+        """Block until the write in flight, if any, is done; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _write(self, path: Path, blob: dict[str, Any]) -> None:
+        atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
+        atomic.write_text_atomic(_digest_path(path), _sha256(path) + "\n")
+        for _, old in self.candidates()[self.keep :]:
+            _digest_path(old).unlink(missing_ok=True)
+            old.unlink(missing_ok=True)
 
     def is_valid(self, path: Path) -> bool:
         """Whether `path` has a digest file that matches its content."""
-        digest_path = path.with_name(path.name + ".sha256")
         try:
-            expected = digest_path.read_text(encoding="utf-8").strip()
+            expected = _digest_path(path).read_text(encoding="utf-8").strip()
         except OSError:
             return False
         return expected == _sha256(path)
 
     def newest_valid(self) -> Path | None:
         """The newest checkpoint whose digest matches; each invalid newer one is reported as a warning."""
-        for epoch, path in self.candidates():
+        for (epoch, _), path in self.candidates():
             if self.is_valid(path):
                 return path
             log.warning(
@@ -96,31 +139,38 @@ class Checkpointer:
         return None
 
     def read_header(self, path: Path) -> dict[str, Any]:
-        """The checkpoint's epoch and extra fields, without restoring anything."""
+        """The checkpoint's epoch, step and extra fields, without restoring anything."""
         blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return {**dict(blob.get("extra", {})), "epoch": int(blob["epoch"])}
+        return _header(blob)
 
     def discard(self) -> list[Path]:
         """Delete every checkpoint (and digest) here: they belong to another job or config."""
         removed = []
         for _, path in self.candidates():
-            path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+            _digest_path(path).unlink(missing_ok=True)
             path.unlink(missing_ok=True)
             removed.append(path)
         return removed
 
-    def load(self, path: Path, components: dict[str, Stateful]) -> tuple[int, dict[str, Any]]:
-        """Restore `components` from `path` (weights_only: checkpoints are data, never code)."""
+    def load(self, path: Path, components: dict[str, Stateful]) -> dict[str, Any]:
+        """Restore `components` from `path` (weights_only: checkpoints are data, never code); its header."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
         for name, component in components.items():
             component.load_state_dict(blob[name])
-        return int(blob["epoch"]), dict(blob.get("extra", {}))
+        return _header(blob)
+
+
+def _header(blob: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"epoch", "step", **extra}`; `step` is None in checkpoints older than mid-epoch ones."""
+    step = blob.get("step")
+    return {**dict(blob.get("extra", {})), "epoch": int(blob["epoch"]), "step": step}
 
 
 def resume_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], epochs: int) -> str | None:
     """Why the checkpoint described by `saved` (its header) must not resume `current`, or None.
 
-    Both hold `job_uid`, `classes` and `config` (a `config.resume_identity`); `saved` also its `epoch`.
+    Both hold `job_uid`, `classes`, `config` (a `config.resume_identity`) and `world_size`; `saved` also its
+    `epoch` and `epoch_step` (steps done in that epoch; 0 at its end, absent in older checkpoints).
     """
     if "job_uid" not in saved:
         return "it predates checkpoints that record their TrainingJob"
@@ -141,4 +191,10 @@ def resume_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], epochs
         return "the config changed: " + ", ".join(changed)
     if int(saved["epoch"]) > epochs:
         return f"checkpoint epoch {saved['epoch']} is past this run's epochs {epochs}"
+    if saved.get("epoch_step") and saved.get("world_size") != current["world_size"]:
+        return (
+            f"it was written in the middle of epoch {saved['epoch']} by WORLD_SIZE({saved.get('world_size')})"
+            f" processes and this run has WORLD_SIZE({current['world_size']}): the rest of the epoch would "
+            "be cut into different batches"
+        )
     return None

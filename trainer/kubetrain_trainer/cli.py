@@ -148,7 +148,8 @@ def run_train(args: argparse.Namespace) -> int:
             world, backend, config.rendezvous_timeout_seconds, config.collective_timeout_seconds
         )
         job_name = os.environ.get(contract.JOB_NAME) or DEFAULT_JOB_NAME
-        result = Trainer(config, world, job_name, os.environ.get(contract.JOB_UID, "")).train()
+        attempt = int(os.environ.get(contract.RESTART_ATTEMPT) or 0)
+        result = Trainer(config, world, job_name, os.environ.get(contract.JOB_UID, ""), attempt).train()
         log.info("done: validation accuracy %.4f, artifacts in %s", result.report.accuracy, result.job_dir)
         return 0
     finally:

@@ -151,7 +151,31 @@ class TrainerConfig(_Strict):
         ),
     )
     checkpoint_every_epochs: int = Field(
-        1, ge=1, description="checkpoint_every_epochs is the checkpoint interval in epochs. Default 1."
+        1,
+        ge=1,
+        description=(
+            "checkpoint_every_epochs is the checkpoint interval in epochs; the last epoch always ends with "
+            "one. Default 1."
+        ),
+    )
+    checkpoint_every_seconds: int = Field(
+        300,
+        ge=0,
+        description=(
+            "checkpoint_every_seconds also checkpoints in the middle of an epoch once this many seconds "
+            "passed since the last checkpoint (rank 0's clock, checked every 20 steps), so a failure loses "
+            "at most about this much training however long an epoch is; 0 disables it. Default 300: the "
+            "write runs in the background, so a few minutes cost little and bound the loss well below "
+            "one epoch of a large data set."
+        ),
+    )
+    checkpoint_every_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "checkpoint_every_steps also checkpoints after every this many optimizer steps, counted over "
+            "the whole run; 0 disables it. Default 0."
+        ),
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="keep_checkpoints is how many of the newest checkpoints are kept. Default 2."
@@ -211,6 +235,8 @@ RESUME_NEUTRAL_FIELDS = frozenset(
         "device",
         "compile",
         "checkpoint_every_epochs",
+        "checkpoint_every_seconds",
+        "checkpoint_every_steps",
         "keep_checkpoints",
         "rendezvous_timeout_seconds",
         "collective_timeout_seconds",

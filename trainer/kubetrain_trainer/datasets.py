@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubetrain_trainer import atomic, preprocessing
 from kubetrain_trainer.config import DataConfig
@@ -27,19 +28,45 @@ CACHE_DIR_NAME = ".kubetrain-cache"
 _CACHE_FORMAT = 2
 
 
+@dataclass(frozen=True)
+class DataOrigin:
+    """What a data set was read from, recorded in model.pt and metrics.json so results can be traced.
+
+    `files_sha256` digests the list of inputs (relative path and label per image, or torchvision's file
+    names and checksums), not their pixels: it tells which files were used without reading them again.
+    """
+
+    source: str
+    files: int
+    files_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def digest_lines(lines: Iterable[str]) -> str:
+    """SHA-256 of `lines`, each ended by a newline (a file list in a stable text form)."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(f"{line}\n".encode())
+    return digest.hexdigest()
+
+
 @dataclass
 class LabeledImages:
-    """A decoded dataset: uint8 images (N, 3, S, S), int64 labels (N,) and the class names."""
+    """A decoded dataset: uint8 images (N, 3, S, S), int64 labels (N,), class names and, when loaded from
+    a source (not cut from another set), where it came from."""
 
     images: torch.Tensor
     labels: torch.Tensor
     classes: list[str]
+    origin: DataOrigin | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def subset(self, indices: torch.Tensor) -> LabeledImages:
-        """Rows `indices` of this dataset, same classes."""
+        """Rows `indices` of this dataset, same classes (a part has no origin of its own)."""
         return LabeledImages(self.images[indices], self.labels[indices], self.classes)
 
 
@@ -143,6 +170,11 @@ def load_image_folder(
     classes, samples = list_image_folder(root)
     if budget is not None:
         budget.check(len(samples), f"ImageFolder {root}")
+    origin = DataOrigin(
+        f"imagefolder {root}",
+        len(samples),
+        digest_lines(f"{path.relative_to(root).as_posix()}\t{label}" for path, label in samples),
+    )
     # Beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers.
     cache_name = f"{root.name}-decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
     cache_path = root.resolve().parent / CACHE_DIR_NAME / cache_name
@@ -150,12 +182,13 @@ def load_image_folder(
         cached = _load_cache(cache_path)
         if cached is not None and len(cached) == len(samples) and cached.classes == classes:
             log.info("loaded %d decoded images from cache %s", len(cached), cache_path)
-            return cached
+            return LabeledImages(cached.images, cached.labels, classes, origin)
     log.info("decoding %d images in %d classes under %s", len(samples), len(classes), root)
     data = LabeledImages(
         _decode_all(samples, image_size),
         torch.tensor([label for _, label in samples], dtype=torch.int64),
         classes,
+        origin,
     )
     if cache:
         _save_cache(cache_path, data)
@@ -182,7 +215,13 @@ def _load_torchvision_cifar10(root: Path, image_size: int, budget: DataBudget | 
         images = torch.stack(
             [preprocessing.pil_to_uint8(Image.fromarray(a), image_size) for a in dataset.data]
         )
-    return LabeledImages(images, torch.tensor(dataset.targets, dtype=torch.int64), list(dataset.classes))
+    origin = DataOrigin(
+        f"torchvision CIFAR10 train {root}",
+        len(dataset.data),
+        digest_lines(f"{name}\t{md5}" for name, md5 in dataset.train_list),
+    )
+    targets = torch.tensor(dataset.targets, dtype=torch.int64)
+    return LabeledImages(images, targets, list(dataset.classes), origin)
 
 
 def _load_fake(size: int, image_size: int, seed: int) -> LabeledImages:
@@ -196,7 +235,9 @@ def _load_fake(size: int, image_size: int, seed: int) -> LabeledImages:
     for image, label in dataset:
         images.append(preprocessing.pil_to_uint8(image, image_size))
         labels.append(int(label))
-    return LabeledImages(torch.stack(images), torch.tensor(labels), [f"class{i}" for i in range(10)])
+    spec = f"FakeData size={size} image_size={image_size} random_offset={seed}"
+    origin = DataOrigin(spec, size, digest_lines([spec]))
+    return LabeledImages(torch.stack(images), torch.tensor(labels), [f"class{i}" for i in range(10)], origin)
 
 
 def load(config: DataConfig, seed: int, budget: DataBudget | None = None) -> LabeledImages:

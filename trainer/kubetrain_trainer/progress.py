@@ -1,9 +1,12 @@
 """The progress contract with the operator: `<output>/<job>/progress.json` plus the pod annotation.
 
-Rank 0 writes the same JSON object to both after every epoch:
-`{"epoch": int, "epochs": int, "step": int, "loss": float, "validationLoss": float | null,
+Rank 0 writes the same JSON object to both after every epoch, and once at start-up when it resumed:
+`{"epoch": int, "epochs": int, "step": int, "loss": float | null, "validationLoss": float | null,
 "accuracy": float | null, "updatedAt": RFC 3339}`: `loss` is the epoch's mean training loss,
-`validationLoss` and `accuracy` are measured on the validation split.
+`validationLoss` and `accuracy` are measured on the validation split. A resumed run adds
+`"resumedFrom": {"attempt": int, "epoch": int, "step": int}`: the restart attempt (KUBETRAIN_RESTART_ATTEMPT)
+and the checkpoint's position (the epoch of its last step, and the run's step count), so comparing it with
+the last progress of the attempt before shows how much training the restart lost.
 The annotation is a JSON merge patch of its own pod through the in-cluster service account, with urllib
 and ssl only (the trainer image carries no Kubernetes client); a failed patch is a warning, never fatal.
 """
@@ -39,13 +42,14 @@ def progress_record(
     epoch: int,
     epochs: int,
     step: int,
-    loss: float,
+    loss: float | None,
     accuracy: float | None,
     *,
     validation_loss: float | None = None,
+    resumed_from: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The progress JSON object (`loss` training, the others validation), with the time it was produced."""
-    return {
+    record: dict[str, Any] = {
         "epoch": epoch,
         "epochs": epochs,
         "step": step,
@@ -54,6 +58,9 @@ def progress_record(
         "accuracy": _rounded(accuracy),
         "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    if resumed_from is not None:
+        record["resumedFrom"] = dict(resumed_from)
+    return record
 
 
 @dataclass

@@ -26,8 +26,10 @@ from kubetrain_trainer import (
     models,
     optim,
     plots,
+    provenance,
 )
 from kubetrain_trainer import config as config_module
+from kubetrain_trainer.checkpoint_trigger import CheckpointTrigger
 from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
@@ -65,21 +67,52 @@ def cpu_threads(config: TrainerConfig, world: WorldEnv) -> int:
     return max(1, cores // world.local_world_size)
 
 
+def _no_totals() -> list[float]:
+    return [0.0, 0.0, 0.0]
+
+
 @dataclass
 class TrainState:
-    """Progress counters and the per-epoch history, checkpointed alongside model and optimiser."""
+    """Progress counters, the epoch in progress and the per-epoch history, checkpointed with the model.
+
+    `epoch` counts completed epochs and `step` optimizer steps of the whole run; `epoch_step` is how many
+    steps of the next epoch are done (0 at an epoch boundary) and `epoch_totals` that partial epoch's
+    training loss sum, correct predictions and images over all ranks, so a run resumed mid-epoch reports
+    the same epoch loss as one never interrupted. Checkpoints older than mid-epoch ones lack both: 0.
+    """
 
     epoch: int = 0
     step: int = 0
+    epoch_step: int = 0
+    epoch_totals: list[float] = field(default_factory=_no_totals)
     history: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def last_step_epoch(self) -> int:
+        """The epoch (1-based) the latest step belongs to: the one in progress, else the last completed."""
+        return self.epoch + 1 if self.epoch_step else self.epoch
+
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "history": list(self.history)}
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "epoch_step": self.epoch_step,
+            "epoch_totals": list(self.epoch_totals),
+            "history": list(self.history),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
+        self.epoch_step = int(state.get("epoch_step", 0))
+        self.epoch_totals = [float(v) for v in state.get("epoch_totals", _no_totals())]
         self.history = list(state["history"])
+
+    def finish_epoch(self, epoch: int) -> None:
+        """`epoch` is complete: the next one starts from its first step with empty totals."""
+        self.epoch = epoch
+        self.epoch_step = 0
+        self.epoch_totals = _no_totals()
 
 
 @dataclass
@@ -89,7 +122,6 @@ class TrainResult:
     job_dir: Path
     history: list[dict[str, Any]]
     report: ClassReport
-    resumed_from_epoch: int
 
 
 def _all_reduce_sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:
@@ -103,10 +135,18 @@ def _all_reduce_sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:
 class Trainer:
     """Trains `config` on this rank's share of the data and, on rank 0, writes checkpoints and artifacts."""
 
-    def __init__(self, config: TrainerConfig, world: WorldEnv, job_name: str, job_uid: str = "") -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        world: WorldEnv,
+        job_name: str,
+        job_uid: str = "",
+        restart_attempt: int = 0,
+    ) -> None:
         self.config = config
         self.world = world
         self.job_uid = job_uid
+        self.restart_attempt = restart_attempt
         self.job_dir = Path(config.output_dir) / job_name
         self.device = select_device(config, world)
         if self.device.type == "cpu":
@@ -122,6 +162,7 @@ class Trainer:
         full = datasets.load(config.data, config.seed, budget)
         self.train_data, self.val_data = datasets.split_validation(full, config.data.validation_fraction)
         self.classes = full.classes
+        self.data_origin = full.origin
         self.preprocessing: Preprocessing = fit_preprocessing(self.train_data.images, config.data.image_size)
         self.loader = batches.BatchLoader(
             self.train_data,
@@ -142,7 +183,7 @@ class Trainer:
         self.optimizer = optim.build_optimizer(self.model, config.optimizer)
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.job_dir / "checkpoints", config.keep_checkpoints)
-        self.resumed_from_epoch = self._resume()
+        self.resumed_from = self._resume()
         self.network: nn.Module = self.model
         if world.distributed:
             from torch.nn.parallel import DistributedDataParallel
@@ -164,6 +205,7 @@ class Trainer:
             "job_uid": self.job_uid,
             "classes": list(self.classes),
             "config": config_module.resume_identity(self.config),
+            "world_size": self.world.world_size,
         }
 
     def _resumable_checkpoint(self) -> Path | None:
@@ -189,8 +231,12 @@ class Trainer:
         )
         return None
 
-    def _resume(self) -> int:
-        """Load the newest resumable checkpoint (rank 0 chooses, every rank loads); returns its epoch."""
+    def _resume(self) -> dict[str, int] | None:
+        """Load the newest resumable checkpoint (rank 0 chooses, every rank loads).
+
+        Returns where training resumes, `{"attempt", "epoch", "step"}` as progress reports it, or None for
+        a fresh start.
+        """
         choice: list[str | None] = [None]
         if self.world.is_main:
             path = self._resumable_checkpoint()
@@ -200,10 +246,64 @@ class Trainer:
 
             dist.broadcast_object_list(choice, src=0)
         if choice[0] is None:
-            return 0
-        epoch, _ = self.checkpointer.load(Path(choice[0]), self._components())
-        log.info("resumed from checkpoint %s: epoch %d of %d done", choice[0], epoch, self.config.epochs)
-        return epoch
+            return None
+        self.checkpointer.load(Path(choice[0]), self._components())
+        state = self.state
+        steps_per_epoch = len(self.loader)
+        log.info(
+            "resumed from checkpoint %s in restart attempt %d: epoch %d of %d, step %d "
+            "(%d of %d steps of epoch %d done)",
+            choice[0],
+            self.restart_attempt,
+            state.last_step_epoch,
+            self.config.epochs,
+            state.step,
+            state.epoch_step or steps_per_epoch,
+            steps_per_epoch,
+            state.last_step_epoch,
+        )
+        return {"attempt": self.restart_attempt, "epoch": state.last_step_epoch, "step": state.step}
+
+    def _checkpoint(self, trigger: CheckpointTrigger) -> None:
+        """Every rank calls this at the same step; rank 0 copies the state and writes it in the background."""
+        trigger.restart()
+        if not self.world.is_main:
+            return
+        state = self.state
+        extra = {**self._identity(), "epoch_step": state.epoch_step}
+        started = time.perf_counter()
+        path = self.checkpointer.save_in_background(
+            state.last_step_epoch, state.step, self._components(), extra
+        )
+        log.info(
+            "checkpoint %s: training paused %.3fs to copy the state, writing it in the background",
+            path.name,
+            time.perf_counter() - started,
+        )
+
+    def _checkpoint_mid_epoch(
+        self, loss_sum: torch.Tensor, correct: torch.Tensor, seen: int, trigger: CheckpointTrigger
+    ) -> None:
+        """Record the partial epoch's totals over all ranks, then checkpoint (a collective: every rank)."""
+        partial = torch.stack([loss_sum, correct.double(), torch.tensor(float(seen), device=self.device)])
+        self.state.epoch_totals = _all_reduce_sum(partial.double(), self.world.distributed).tolist()
+        self._checkpoint(trigger)
+
+    def _report_resume(self) -> None:
+        """Tell the operator at once where this attempt resumed, not only when its first epoch ends."""
+        assert self.reporter is not None
+        last = self.state.history[-1] if self.state.history else {}
+        self.reporter.report(
+            progress_record(
+                self.state.epoch,
+                self.config.epochs,
+                self.state.step,
+                loss=last.get("train_loss"),
+                accuracy=last.get("val_accuracy"),
+                validation_loss=last.get("val_loss"),
+                resumed_from=self.resumed_from,
+            )
+        )
 
     def train(self) -> TrainResult:
         """Run the remaining epochs, then (rank 0) write the final artifacts."""
@@ -233,13 +333,25 @@ class Trainer:
         report = ClassReport(
             self.classes, torch.zeros(len(self.classes), len(self.classes), dtype=torch.int64)
         )
-        for epoch in range(self.state.epoch + 1, config.epochs + 1):
+        trigger = CheckpointTrigger(
+            every_steps=config.checkpoint_every_steps,
+            every_seconds=config.checkpoint_every_seconds,
+            distributed=self.world.distributed,
+            device=self.device,
+        )
+        if self.resumed_from is not None and self.world.is_main:
+            self._report_resume()
+        first_epoch = self.state.epoch + 1
+        for epoch in range(first_epoch, config.epochs + 1):
             started = time.perf_counter()
             meter.start_window()
-            train_loss, train_acc = self._train_epoch(epoch, steps_per_epoch, total_steps, criterion, meter)
+            steps = steps_per_epoch - self.state.epoch_step
+            train_loss, train_acc, due = self._train_epoch(
+                epoch, steps_per_epoch, total_steps, criterion, meter=meter, trigger=trigger
+            )
             train_seconds = time.perf_counter() - started
             val_loss, report = self._validate()
-            self.state.epoch = epoch
+            self.state.finish_epoch(epoch)
             self.state.history.append(
                 {
                     "epoch": epoch,
@@ -248,7 +360,7 @@ class Trainer:
                     "val_loss": round(val_loss, 6),
                     "val_accuracy": round(report.accuracy, 6),
                     "lr": self.optimizer.param_groups[0]["lr"],
-                    "images_per_second": round(steps_per_epoch * meter.global_batch / train_seconds, 1),
+                    "images_per_second": round(steps * meter.global_batch / train_seconds, 1),
                     "seconds": round(time.perf_counter() - started, 3),
                 }
             )
@@ -260,11 +372,11 @@ class Trainer:
                 train_acc,
                 val_loss,
                 report.accuracy,
-                steps_per_epoch * meter.global_batch / train_seconds,
+                steps * meter.global_batch / train_seconds,
             )
+            if due or epoch % config.checkpoint_every_epochs == 0 or epoch == config.epochs:
+                self._checkpoint(trigger)
             if self.world.is_main:
-                if epoch % config.checkpoint_every_epochs == 0 or epoch == config.epochs:
-                    self.checkpointer.save(epoch, self._components(), self._identity())
                 assert self.reporter is not None
                 self.reporter.report(
                     progress_record(
@@ -274,23 +386,37 @@ class Trainer:
                         loss=train_loss,
                         accuracy=report.accuracy,
                         validation_loss=val_loss,
+                        resumed_from=self.resumed_from,
                     )
                 )
-        if self.state.epoch == self.resumed_from_epoch:  # nothing left to train: recompute the final report
+        if first_epoch > config.epochs:  # nothing left to train: recompute the final report
             _, report = self._validate()
+        self.checkpointer.wait()
         if self.world.is_main:
             self._write_artifacts(report)
-        return TrainResult(self.job_dir, self.state.history, report, self.resumed_from_epoch)
+        return TrainResult(self.job_dir, self.state.history, report)
 
     def _train_epoch(
-        self, epoch: int, steps_per_epoch: int, total_steps: int, criterion: nn.Module, meter: ThroughputMeter
-    ) -> tuple[float, float]:
+        self,
+        epoch: int,
+        steps_per_epoch: int,
+        total_steps: int,
+        criterion: nn.Module,
+        *,
+        meter: ThroughputMeter,
+        trigger: CheckpointTrigger,
+    ) -> tuple[float, float, bool]:
+        """Train the rest of `epoch`; returns its loss and accuracy over all ranks, and whether the trigger
+        asked for a checkpoint at its last step (taken after validation, with the epoch's history)."""
         self.network.train()
-        self.loader.set_epoch(epoch)
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        correct = torch.zeros((), device=self.device, dtype=torch.int64)
-        seen = 0
-        for step, (images, labels) in enumerate(self.loader):
+        self.loader.set_epoch(epoch, self.state.epoch_step)
+        # The partial epoch's totals are over all ranks: rank 0 carries them, the others start from 0.
+        carried = self.state.epoch_totals if self.world.is_main else _no_totals()
+        loss_sum = torch.tensor(carried[0], device=self.device, dtype=torch.float64)
+        correct = torch.tensor(int(carried[1]), device=self.device, dtype=torch.int64)
+        seen = int(carried[2])
+        due_at_end = False
+        for images, labels in self.loader:
             factor = optim.lr_factor(self.config.optimizer, self.state.step, total_steps, steps_per_epoch)
             optim.set_lr(self.optimizer, self.config.optimizer.lr, factor)
             with evaluation.autocast_for(self.device):
@@ -300,15 +426,21 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             self.state.step += 1
+            self.state.epoch_step += 1
             loss_sum += loss.detach() * len(labels)
             correct += (outputs.detach().argmax(dim=1) == labels).sum()
             seen += len(labels)
-            meter.step(epoch, step, self.state.step - 1, loss.detach())
+            meter.step(epoch, self.state.epoch_step - 1, self.state.step - 1, loss.detach())
+            if trigger.due(self.state.step):
+                if self.state.epoch_step < steps_per_epoch:
+                    self._checkpoint_mid_epoch(loss_sum, correct, seen, trigger)
+                else:
+                    due_at_end = True
         totals = torch.stack(
             [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device).double()]
         )
         totals = _all_reduce_sum(totals, self.world.distributed)
-        return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+        return float(totals[0] / totals[2]), float(totals[1] / totals[2]), due_at_end
 
     def _adopt_main_buffers(self) -> None:
         """Give every rank rank 0's buffers (batch-norm running statistics): the model rank 0 saves.
@@ -349,10 +481,18 @@ class Trainer:
 
     def _write_artifacts(self, report: ClassReport) -> None:
         job_dir = self.job_dir
+        record = provenance.record(self.config, self.data_origin, len(self.train_data), len(self.val_data))
         artifacts.save_model(
-            job_dir / artifacts.MODEL_FILE, self.model, self.config, self.classes, self.preprocessing
+            job_dir / artifacts.MODEL_FILE,
+            self.model,
+            self.config,
+            self.classes,
+            self.preprocessing,
+            provenance=record,
         )
-        artifacts.write_metrics(job_dir / artifacts.METRICS_FILE, self.state.history, report.to_dict())
+        artifacts.write_metrics(
+            job_dir / artifacts.METRICS_FILE, self.state.history, report.to_dict(), record
+        )
         if self.state.history:
             plots.loss_curve(job_dir / "loss_curve.png", self.state.history)
         plots.confusion_matrix(job_dir / "confusion_matrix.png", report.matrix, self.classes)
