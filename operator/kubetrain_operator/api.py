@@ -1348,6 +1348,20 @@ class WorkerCounts(_Model):
     failed: int = Field(0, description="failed is the number of workers that failed in the current attempt.")
 
 
+class ResumedFrom(_Model):
+    attempt: int = Field(
+        ..., description="attempt is the restart attempt that resumed (0 before any restart)."
+    )
+    epoch: int = Field(..., description="epoch is the epoch (1-based) of the checkpoint's last step.")
+    step: int = Field(
+        ...,
+        description=(
+            "step is the run's optimizer step count at the checkpoint: the steps after it, up to the "
+            "failure, were lost and trained again."
+        ),
+    )
+
+
 class Progress(_Model):
     epoch: int | None = Field(None, description="epoch is the last epoch rank 0 reported (1-based).")
     epochs: int | None = Field(None, description="epochs is the total number of epochs.")
@@ -1364,6 +1378,12 @@ class Progress(_Model):
         description="accuracy is the last reported validation-split accuracy, 0..1 (column Val-Accuracy).",
     )
     updated_at: str | None = Field(None, description="updatedAt is when rank 0 wrote the report (RFC 3339).")
+    resumed_from: ResumedFrom | None = Field(
+        None,
+        description=(
+            "resumedFrom is the checkpoint this attempt's rank 0 resumed from; absent when it started fresh."
+        ),
+    )
 
 
 class WorkerFailure(_Model):

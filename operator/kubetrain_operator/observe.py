@@ -291,4 +291,11 @@ def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None)
             out[key] = kind(value)
     if isinstance(data.get("updatedAt"), str):
         out["updatedAt"] = data["updatedAt"]
+    resumed = data.get("resumedFrom")
+    if isinstance(resumed, dict) and all(_is_int(resumed.get(k)) for k in ("attempt", "epoch", "step")):
+        out["resumedFrom"] = {k: resumed[k] for k in ("attempt", "epoch", "step")}
     return out or None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

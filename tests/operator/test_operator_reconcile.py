@@ -514,6 +514,7 @@ def test_progress_of_rank0_is_copied_to_status_and_kept() -> None:
         "validationLoss": 0.9,
         "accuracy": 0.6,
         "updatedAt": "2026-01-01T00:59:00Z",
+        "resumedFrom": {"attempt": 2, "epoch": 3, "step": 100},
     }
     pods = [
         pod(0, phase="Running", progress=report),
@@ -525,6 +526,13 @@ def test_progress_of_rank0_is_copied_to_status_and_kept() -> None:
         status=p.status, jobs=[job(0), job(1)], pods=[pod(0, phase="Running"), pod(1, phase="Running")]
     )
     assert gone.status["progress"] == report
+
+
+def test_a_malformed_resumed_from_is_left_out_of_the_status_progress() -> None:
+    report = {"epoch": 3, "step": 120, "resumedFrom": {"attempt": "2", "epoch": 3, "step": 100}}
+    pods = [pod(0, phase="Running", progress=report), pod(1, phase="Running")]
+    p = _plan(status=STARTED, jobs=[job(0), job(1)], pods=pods)
+    assert p.status["progress"] == {"epoch": 3, "step": 120}
 
 
 def test_observed_generation_is_recorded() -> None:

@@ -39,7 +39,7 @@ def test_a_new_job_under_the_same_name_starts_fresh_and_the_same_job_resumes(tmp
 
     restarted = kubetrain("train", "--epochs", "2", env=first)
     assert restarted.returncode == 0, restarted.stderr
-    assert "epoch-000001.pt: epoch 1 of 2 done" in restarted.stderr  # its own checkpoint
+    assert "epoch-000001-step-0000000003.pt in restart attempt 0: epoch 1 of 2, step 3" in restarted.stderr
     assert _epochs(tmp_path / "same") == [1, 2]
 
     recreated = trainer_env(_config(tmp_path, epochs=2), KUBETRAIN_JOB_NAME="same", KUBETRAIN_JOB_UID="uid-b")
@@ -59,9 +59,8 @@ def test_a_changed_model_under_the_same_name_starts_fresh_instead_of_crashing(tm
     assert result.returncode == 0, result.stderr
     assert "model simple_cnn -> resnet_small" in result.stderr
     checkpoint_dir = tmp_path / "local" / "checkpoints"
-    assert sorted(p.name for p in checkpoint_dir.glob("*.pt")) == [
-        "epoch-000001.pt"
-    ]  # the old run's are gone
+    # The old run's are gone: only the new run's single epoch is left.
+    assert sorted(p.name for p in checkpoint_dir.glob("*.pt")) == ["epoch-000001-step-0000000003.pt"]
 
 
 @pytest.mark.unit
@@ -69,6 +68,7 @@ def test_a_changed_model_under_the_same_name_starts_fresh_instead_of_crashing(tm
     ("changes", "checkpoint_epoch", "why"),
     [
         ({}, 3, None),
+        ({"checkpoint_every_seconds": 60, "checkpoint_every_steps": 100}, 3, None),
         ({"epochs": 20, "output_dir": "/elsewhere", "cpu_threads": 2, "device": "cpu"}, 3, None),
         ({"data": {"dataset": "fake", "root": "/mnt/data"}}, 3, None),
         ({"epochs": 2}, 3, "checkpoint epoch 3 is past this run's epochs 2"),
@@ -88,8 +88,28 @@ def test_which_config_changes_a_resume_tolerates(
     current = TrainerConfig.model_validate({"epochs": 10, "data": {"dataset": "fake"}, **changes})
     identity = config.resume_identity(saved)
     reason = checkpoints.resume_mismatch(
-        {"job_uid": "u", "classes": ["a"], "config": identity, "epoch": checkpoint_epoch},
-        {"job_uid": "u", "classes": ["a"], "config": config.resume_identity(current)},
+        {"job_uid": "u", "classes": ["a"], "config": identity, "world_size": 2, "epoch": checkpoint_epoch},
+        {"job_uid": "u", "classes": ["a"], "config": config.resume_identity(current), "world_size": 2},
         current.epochs,
+    )
+    assert (reason is None) if why is None else (why in (reason or "")), reason
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("epoch_step", "world_size", "why"),
+    [
+        (0, 4, None),  # an epoch boundary: the next epoch is cut for the new group size
+        (5, 2, None),
+        (5, 4, "middle of epoch 3 by WORLD_SIZE(2) processes and this run has WORLD_SIZE(4)"),
+    ],
+)
+def test_a_mid_epoch_checkpoint_resumes_only_the_group_size_that_wrote_it(
+    epoch_step: int, world_size: int, why: str | None
+) -> None:
+    identity = config.resume_identity(TrainerConfig.model_validate({"data": {"dataset": "fake"}}))
+    saved = {"job_uid": "u", "classes": ["a"], "config": identity, "world_size": 2}
+    reason = checkpoints.resume_mismatch(
+        {**saved, "epoch": 3, "epoch_step": epoch_step}, {**saved, "world_size": world_size}, epochs=10
     )
     assert (reason is None) if why is None else (why in (reason or "")), reason
