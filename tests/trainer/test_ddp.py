@@ -87,9 +87,8 @@ def test_group_restarted_after_a_rank_is_killed_resumes_from_the_checkpoint(tmp_
     job_dir = tmp_path / "kill"
     command = ["-m", "kubetrain_trainer.cli", "train"]
     procs = start_ranks(command, config, world_size=2, job="kill")
-    first_checkpoint = job_dir / "checkpoints" / "epoch-000001.pt.sha256"
     deadline = time.monotonic() + 180
-    while not first_checkpoint.exists():
+    while not list((job_dir / "checkpoints").glob("epoch-000001-step-*.pt.sha256")):
         assert time.monotonic() < deadline, "no checkpoint appeared"
         assert all(p.poll() is None for p in procs), "training ended before it could be interrupted"
         time.sleep(0.1)
@@ -115,15 +114,51 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
     config = _fake_config(tmp_path, epochs=2, keep_checkpoints=3)
     env = trainer_env(config, KUBETRAIN_JOB_NAME="corrupt")
     assert kubetrain("train", env=env).returncode == 0
-    newest = tmp_path / "corrupt" / "checkpoints" / "epoch-000002.pt"
+    (newest,) = (tmp_path / "corrupt" / "checkpoints").glob("epoch-000002-step-*.pt")
     newest.write_bytes(newest.read_bytes()[:1000])
 
     result = kubetrain("train", "--epochs", "3", env=env)
     assert result.returncode == 0, result.stderr
-    assert "epoch-000002.pt (epoch 2) is corrupt" in result.stderr
-    assert "epoch-000001.pt: epoch 1 of 3 done" in result.stderr
+    assert f"{newest.name} (epoch 2) is corrupt" in result.stderr
+    assert "in restart attempt 0: epoch 1 of 3, step" in result.stderr
     history = json.loads((tmp_path / "corrupt" / "metrics.json").read_text())["epochs"]
     assert [h["epoch"] for h in history] == [1, 2, 3]
+
+
+def test_two_ranks_resumed_mid_epoch_end_with_the_weights_of_a_group_never_interrupted(
+    tmp_path: Path,
+) -> None:
+    """Mid-epoch checkpoints under DDP: the clock flag's broadcast and the partial loss totals summed over
+    ranks; a 2-value gloo sum does not depend on the order, so the comparison is exact."""
+    config = _fake_config(
+        tmp_path, model="resnet_small", width=8, epochs=3, batch_size=8, augment=True, keep_checkpoints=50
+    )
+    # 128 training images / (2 x 8): 8 steps an epoch. Every 3 steps, and every second of rank 0's clock
+    # (read at step 20): which extra checkpoints the clock adds does not change the weights.
+    config.update(checkpoint_every_steps=3, checkpoint_every_seconds=1)
+    command = ["-m", "kubetrain_trainer.cli", "train"]
+    results = wait_all(start_ranks(command, config, world_size=2, job="whole"))
+    assert [code for code, _ in results] == [0, 0], results[0][1]
+    # What a group killed right after its step-12 checkpoint (4 steps into epoch 2) leaves behind:
+    checkpoint_and_digest = sorted((tmp_path / "whole" / "checkpoints").glob("*-step-0000000012.pt*"))
+    assert len(checkpoint_and_digest) == 2
+    resumed_dir = tmp_path / "resumed" / "checkpoints"
+    resumed_dir.mkdir(parents=True)
+    for path in checkpoint_and_digest:
+        (resumed_dir / path.name).write_bytes(path.read_bytes())
+
+    results = wait_all(start_ranks(command, config, world_size=2, job="resumed"))
+    assert [code for code, _ in results] == [0, 0], results[0][1]
+    assert "epoch 2 of 3, step 12 (4 of 8 steps of epoch 2 done)" in results[0][1]
+    whole = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)["state_dict"]
+    resumed = torch.load(tmp_path / "resumed" / "model.pt", weights_only=True)["state_dict"]
+    for name in whole:
+        assert torch.equal(resumed[name], whole[name]), name
+    losses = [
+        [e["train_loss"] for e in json.loads((tmp_path / job / "metrics.json").read_text())["epochs"]]
+        for job in ("whole", "resumed")
+    ]
+    assert losses[0] == losses[1]
 
 
 def test_torchrun_with_two_processes_per_worker_joins_through_the_agent_store(tmp_path: Path) -> None:

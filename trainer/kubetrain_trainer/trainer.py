@@ -285,7 +285,9 @@ class Trainer:
         self, loss_sum: torch.Tensor, correct: torch.Tensor, seen: int, trigger: CheckpointTrigger
     ) -> None:
         """Record the partial epoch's totals over all ranks, then checkpoint (a collective: every rank)."""
-        partial = torch.stack([loss_sum, correct.double(), torch.tensor(float(seen), device=self.device)])
+        partial = torch.stack(
+            [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device, dtype=torch.float64)]
+        )
         self.state.epoch_totals = _all_reduce_sum(partial.double(), self.world.distributed).tolist()
         self._checkpoint(trigger)
 
