@@ -78,3 +78,12 @@ def test_a_refused_patch_is_a_warning_and_the_file_is_still_written(
 def test_outside_a_pod_there_is_no_annotator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(contract.POD_NAME, raising=False)
     assert PodAnnotator.from_environment() is None
+
+
+def test_a_resumed_run_reports_the_attempt_epoch_and_step_it_resumed_from(tmp_path: Path) -> None:
+    resumed = progress_record(2, 10, 250, None, None, resumed_from={"attempt": 1, "epoch": 3, "step": 240})
+    ProgressReporter(tmp_path, None).report(resumed)
+    written = json.loads((tmp_path / "progress.json").read_text())
+    assert written["resumedFrom"] == {"attempt": 1, "epoch": 3, "step": 240}
+    assert written["loss"] is None  # nothing trained in this attempt yet
+    assert "resumedFrom" not in progress_record(2, 10, 250, 0.5, None)

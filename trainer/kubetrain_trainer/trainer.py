@@ -288,7 +288,7 @@ class Trainer:
         partial = torch.stack(
             [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device, dtype=torch.float64)]
         )
-        self.state.epoch_totals = _all_reduce_sum(partial.double(), self.world.distributed).tolist()
+        self.state.epoch_totals = _all_reduce_sum(partial, self.world.distributed).tolist()
         self._checkpoint(trigger)
 
     def _report_resume(self) -> None:
