@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,27 @@ def test_a_root_without_class_directories_is_a_data_error(tmp_path: Path) -> Non
     (tmp_path / "notes.txt").write_text("no images here")
     with pytest.raises(DataError, match="no images under"):
         datasets.list_image_folder(tmp_path)
+
+
+def test_the_origin_digests_the_file_list_the_same_wherever_it_lies_and_with_or_without_the_cache(
+    sample_root: Path, tmp_path: Path
+) -> None:
+    def tree(root: Path) -> Path:
+        for name in ("cat", "dog"):
+            (root / name).mkdir(parents=True)
+            for image in sorted((sample_root / name).iterdir())[:2]:
+                shutil.copy(image, root / name / image.name)
+        return root
+
+    here = datasets.load_image_folder(tree(tmp_path / "here"), 32, cache=True).origin
+    elsewhere_root = tree(tmp_path / "elsewhere")
+    elsewhere = datasets.load_image_folder(elsewhere_root, 32, cache=False).origin
+    assert here is not None and elsewhere is not None
+    assert here.files == 4 and here.files_sha256 == elsewhere.files_sha256
+    assert here.source == f"imagefolder {tmp_path / 'here'}"
+    assert datasets.load_image_folder(tmp_path / "here", 32, cache=True).origin == here  # from the cache
+
+    first = sorted((elsewhere_root / "dog").iterdir())[0]
+    first.rename(first.with_name("renamed.jpg"))
+    renamed = datasets.load_image_folder(elsewhere_root, 32, cache=False).origin
+    assert renamed is not None and renamed.files_sha256 != here.files_sha256
