@@ -7,7 +7,9 @@ Older trainers wrote `epoch-EEEEEE.pt` at the end of epoch E; those still load a
 Writing does not stall training: `save_in_background` copies the state to CPU memory on the caller's thread
 (`snapshots.cpu_copy`), then one writer thread serialises it to a temporary file, fsyncs and renames it,
 and writes its SHA-256 atomically to `<name>.sha256`. At most one write is in flight: the next save, and
-`wait`, first finish the previous one and re-raise its error. A checkpoint without a matching digest (the
+`wait`, first finish the previous one and re-raise its error; when training fails or is interrupted
+(SIGTERM), the interpreter joins the writer thread before the process exits, so the write in flight is
+finished rather than torn. A checkpoint without a matching digest (the
 pod died between the two renames, the volume was truncated, a bit flipped) is invalid: resume warns and
 uses the previous one.
 
