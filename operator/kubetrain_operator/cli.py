@@ -1,6 +1,7 @@
 """`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
+                       [--worker-service-account SA [--worker-cluster-role CLUSTERROLE]]
                        [--liveness URL] [--leader-elect]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
@@ -65,13 +66,23 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--default-image",
         default=env.default_image,
-        help="image for TrainingJobs without spec.image (default: %(default)s, from Dockerfile.trainer)",
+        help="image for TrainingJobs without spec.image (env KUBETRAIN_DEFAULT_IMAGE; default: %(default)s, "
+        "built from Dockerfile.trainer by `make images`)",
     )
     op.add_argument(
         "--worker-service-account",
         default=env.worker_service_account,
         help="ServiceAccount for workers of TrainingJobs without spec.serviceAccountName "
-        "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account)",
+        "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account, whose workers "
+        "cannot report progress)",
+    )
+    op.add_argument(
+        "--worker-cluster-role",
+        default=env.worker_cluster_role,
+        metavar="CLUSTERROLE",
+        help="create --worker-service-account, bound to this ClusterRole, in each namespace where workers "
+        "run (env KUBETRAIN_WORKER_CLUSTER_ROLE; the chart's <release>-worker when watching all namespaces; "
+        "default: create nothing)",
     )
     op.add_argument(
         "--allowed-volume-types",
@@ -184,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             all_namespaces=args.all_namespaces,
             default_image=args.default_image,
             worker_service_account=args.worker_service_account,
+            worker_cluster_role=args.worker_cluster_role,
             metrics_port=args.metrics_port,
             liveness=args.liveness or None,
             posting_level=args.posting_level,

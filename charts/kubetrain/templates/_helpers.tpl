@@ -133,3 +133,9 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
 {{- define "kubetrain.leaseName" -}}
 {{- default (include "kubetrain.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
+
+{{/* The workers' ClusterRole (all namespaces): the operator binds it to the worker ServiceAccount it
+creates in each namespace where workers run. */}}
+{{- define "kubetrain.workerClusterRole" -}}
+{{- printf "%s-worker" (include "kubetrain.fullname" .) }}
+{{- end }}
