@@ -149,7 +149,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run a TrainingJob's workers as local processes (--local), no cluster needed",
         description="Render the TrainingJob's worker pods with the operator's builders and run each "
         "container command locally with exactly that env (master on loopback), restarting the group "
-        "as the operator would; prints the final status.",
+        "as the operator would; prints the final status. Each spec.storage volume is a local directory: "
+        "--mount NAME=DIR, else a hostPath's own path, else WORKDIR/NAME (runs/data, runs/output for the "
+        "examples). When the built-in trainer's data.root does not exist there and an archive "
+        "data/<root name>.tar.gz sits beside the manifest (examples/data/cifar10-sample.tar.gz), it is "
+        "extracted first, so `kubetrain run -f examples/cifar10-cpu.yaml --local` needs no flags.",
     )
     run.add_argument("-f", "--filename", type=Path, required=True, help="TrainingJob manifest (YAML)")
     run.add_argument("--local", action="store_true", required=True, help="run here (the only mode)")
@@ -160,7 +164,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=DIR",
         help="local directory for spec.storage volume NAME (default: hostPath's path or WORKDIR/NAME)",
     )
-    run.add_argument("--workdir", type=Path, default=Path("runs"), help="where unmapped volumes live")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs"),
+        help="where volumes without --mount live (default: runs)",
+    )
     return parser
 
 

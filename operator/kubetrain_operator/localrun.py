@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -66,8 +67,10 @@ def load_trainingjob(path: Path) -> api.TrainingJob:
         raise LocalRunError(f"{path}: cannot read: {error.strerror}") from error
     except yaml.YAMLError as error:
         raise LocalRunError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(document, dict) or document.get("kind") != "TrainingJob":
-        raise LocalRunError(f"{path}: expected one document of kind TrainingJob")
+    if not isinstance(document, dict):
+        raise LocalRunError(f"{path}: {_not_a_mapping(document)}")
+    if document.get("kind") != "TrainingJob":
+        raise LocalRunError(f"{path}: kind is {document.get('kind')!r}, expected TrainingJob")
     try:
         return api.TrainingJob.model_validate(document)
     except pydantic.ValidationError as error:
@@ -75,6 +78,36 @@ def load_trainingjob(path: Path) -> api.TrainingJob:
             f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
         )
         raise LocalRunError(f"{path}: invalid TrainingJob: {problems}") from error
+
+
+def _not_a_mapping(document: Any) -> str:
+    """Why a document is no manifest, said in YAML's terms (kubectl says only "invalid object to
+    validate")."""
+    if document is None:
+        return "is empty: expected a TrainingJob manifest"
+    what = "a list" if isinstance(document, list) else f"a single value ({type(document).__name__})"
+    return (
+        f"the document is {what}, not a mapping: a TrainingJob starts with `apiVersion:` at the first "
+        "column (not `- apiVersion:`, not indented)"
+    )
+
+
+def provide_sample(job: api.TrainingJob, directories: Mapping[str, Path], manifest: Path) -> str | None:
+    """Extract `<manifest dir>/data/<name>.tar.gz` when the built-in trainer's data root (as mapped here)
+    does not exist and is named `<name>`: the examples run from a fresh clone with no flags, their
+    committed CIFAR sample unpacked where the data volume's local directory puts it. What was done, or
+    None when there was nothing to do."""
+    trainer = job.spec.trainer
+    if trainer is None or trainer.data.dataset == "fake":
+        return None
+    root = Path(_rewrite_path(trainer.data.root, directories))
+    archive = manifest.parent / "data" / f"{root.name}.tar.gz"
+    if root.exists() or not archive.is_file():
+        return None
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as members:
+        members.extractall(root.parent, filter="data")
+    return f"extracted {archive} into {root.parent} (data.root {trainer.data.root} was not there)"
 
 
 def mount_directories(
@@ -365,6 +398,9 @@ def main(manifest: Path, mounts: list[str], workdir: Path) -> int:
     except LocalRunError as error:
         print(f"kubetrain run: {error}", file=sys.stderr)
         return 2
+    extracted = provide_sample(job, directories, manifest)
+    if extracted is not None:
+        print(f"kubetrain: {extracted}")
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         result = run_local(job, directories)
