@@ -1411,9 +1411,9 @@ class TrainingJobStatus(_Model):
         None,
         description=(
             "restartAttempt numbers the current worker group: 0 for the first, +1 each time a group is "
-            "replaced, by a restart or by a resume after a suspend that deleted running workers (a job created "
-            "suspended runs its first group, when admitted, as attempt 0). It appears in worker Job names and "
-            "in KUBETRAIN_RESTART_ATTEMPT."
+            "replaced, by a restart or by a resume after a suspend that deleted running workers (a job "
+            "created suspended runs its first group, when admitted, as attempt 0). It appears in worker "
+            "Job names and in KUBETRAIN_RESTART_ATTEMPT."
         ),
     )
     start_time: datetime | None = Field(
