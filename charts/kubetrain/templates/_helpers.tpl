@@ -98,7 +98,8 @@ The RBAC rules the operator needs in every namespace it watches: exactly the ver
 - podgroups (scheduling.volcano.sh, scheduling.x-k8s.io), per gangSchedulers: a TrainingJob with
   spec.gangScheduling gets one PodGroup, fetched and created by the controller, deleted by the garbage
   collector through its ownerReference.
-No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touches them.
+No Secrets, ConfigMaps, ServiceAccounts or RBAC objects here; watching all namespaces, rbac.yaml adds
+creating (only) the workers' ServiceAccount and RoleBinding where they run.
 */}}
 {{- define "kubetrain.namespacedRules" -}}
 - apiGroups: ["kubetrain.io"]
