@@ -902,7 +902,8 @@ class RunPolicy(_Model):
             "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
             "workers' pods are gone, without using the restart budget, and restarts the "
             "activeDeadlineSeconds clock. Queueing systems such as Kueue "
-            "create jobs suspended and admit them by setting false. Default false. Mutable."
+            "create jobs suspended and admit them by setting false: such a job's first group is attempt 0, "
+            "as nothing was replaced. Default false. Mutable."
         ),
     )
 
