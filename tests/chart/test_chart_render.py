@@ -350,6 +350,19 @@ BAD_VALUES = {
     "bad port": ({"liveness": {"port": 70000}}, "/liveness/port"),
     "kopf peering, no longer an HA mode": ({"peering": {"enabled": True}}, "peering"),
     "unknown volume type": ({"trainingJobPolicy": {"allowedVolumeTypes": ["nfs"]}}, "/trainingJobPolicy"),
+    "lease name that is no DNS name": (
+        {"leaderElection": {"enabled": True, "leaseName": "Lease_1"}},
+        "/leaderElection/leaseName",
+    ),
+    "tag of the wrong type": (
+        {
+            "image": {
+                "operator": {"repository": "r/op", "tag": True},
+                "trainer": {"repository": "r/tr", "tag": "1"},
+            }
+        },
+        "/image/operator/tag",
+    ),
 }
 
 
@@ -361,6 +374,8 @@ def test_schema_refuses_bad_values_naming_the_field(
     output = helm(helm_bin, *args, check=False)
     assert "values don't meet the specifications of the schema" in output, output
     assert field in output, output
+    # Each refusal says what is wrong with the value, never only that a combinator failed.
+    assert "' failed" not in output, output
 
 
 def test_training_job_policy_values_become_the_operators_flags(helm_bin: Path, tmp_path: Path) -> None:
