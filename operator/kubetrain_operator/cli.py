@@ -6,6 +6,7 @@
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
+    kubetrain validate -f MANIFEST.yaml [-f ...]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
 
@@ -142,6 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     crds.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: cwd)")
     crds.add_argument("--stdout", action="store_true", help="print the CRD instead of writing files")
 
+    validate = sub.add_parser(
+        "validate",
+        help="check TrainingJob manifests with the API's models, no cluster needed",
+        description="Check every TrainingJob document of each file with the models the CRD is generated "
+        "from, naming the file, the document and the field of each problem; documents of other kinds are "
+        "listed and skipped. Exit 0 when every TrainingJob is valid, 1 otherwise.",
+    )
+    validate.add_argument(
+        "-f", "--filename", type=Path, action="append", required=True, help="manifest (YAML); repeatable"
+    )
+
     for name in TRAINER_COMMANDS:
         sub.add_parser(name, help=f"trainer: {name} (see `kubetrain {name} --help`)", add_help=False)
     run = sub.add_parser(
@@ -220,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         run(options)
         return 0
+    if args.command == "validate":
+        from kubetrain_operator import manifests
+
+        return manifests.validate(args.filename)
     if args.command == "run":
         from kubetrain_operator import localrun
 

@@ -32,11 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic
-import yaml
 from kubetrain_trainer import contract, termination
 
-from kubetrain_operator import api, builders, failure
+from kubetrain_operator import api, builders, failure, manifests
 from kubetrain_operator.observe import Worker
 
 _VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -60,36 +58,16 @@ class LocalWorker:
 
 
 def load_trainingjob(path: Path) -> api.TrainingJob:
-    """Parse and validate a TrainingJob manifest with the same models the CRD is generated from."""
+    """Parse and validate a one-TrainingJob manifest with the same models the CRD is generated from."""
     try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise LocalRunError(f"{path}: cannot read: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise LocalRunError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(document, dict):
-        raise LocalRunError(f"{path}: {_not_a_mapping(document)}")
-    if document.get("kind") != "TrainingJob":
-        raise LocalRunError(f"{path}: kind is {document.get('kind')!r}, expected TrainingJob")
-    try:
-        return api.TrainingJob.model_validate(document)
-    except pydantic.ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
-        )
-        raise LocalRunError(f"{path}: invalid TrainingJob: {problems}") from error
-
-
-def _not_a_mapping(document: Any) -> str:
-    """Why a document is no manifest, said in YAML's terms (kubectl says only "invalid object to
-    validate")."""
-    if document is None:
-        return "is empty: expected a TrainingJob manifest"
-    what = "a list" if isinstance(document, list) else f"a single value ({type(document).__name__})"
-    return (
-        f"the document is {what}, not a mapping: a TrainingJob starts with `apiVersion:` at the first "
-        "column (not `- apiVersion:`, not indented)"
-    )
+        documents = manifests.read_documents(path)
+        if len(documents) > 1:
+            raise manifests.ManifestError(
+                f"{path}: holds {len(documents)} documents: expected one TrainingJob"
+            )
+        return manifests.parse_trainingjob(documents[0])
+    except manifests.ManifestError as error:
+        raise LocalRunError(str(error)) from error
 
 
 def provide_sample(job: api.TrainingJob, directories: Mapping[str, Path], manifest: Path) -> str | None:
