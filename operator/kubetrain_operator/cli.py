@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(trainer_cli.main(argv) or 0)
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "operator" and args.worker_cluster_role and not args.worker_service_account:
+        parser.error("--worker-cluster-role needs --worker-service-account: the account it binds the role to")
     if args.command == "crds":
         from kubetrain_operator import crdgen
 
