@@ -1197,8 +1197,9 @@ class TrainingJobSpec(_Model):
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
-            "serviceAccountName runs the workers as this ServiceAccount. Default: the namespace default. "
-            "Mutable: applies to workers created after the change."
+            "serviceAccountName runs the workers as this ServiceAccount. Default: the operator's "
+            "--worker-service-account (the chart's kubetrain-worker, which may only report progress), else "
+            "the namespace's default account. Mutable: applies to workers created after the change."
         ),
     )
     pod_labels: dict[str, LabelValue] | None = Field(
