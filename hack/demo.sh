@@ -7,10 +7,10 @@ cd "$(dirname "$0")/.."
 bin=.venv/bin
 demo=runs/demo
 rm -rf "$demo"
-mkdir -p "$demo/data"
-tar xzf examples/data/cifar10-sample.tar.gz -C "$demo/data"
-echo "== training: kubetrain run -f examples/cifar10-cpu.yaml --local"
-"$bin/kubetrain" run -f examples/cifar10-cpu.yaml --local --mount data="$demo/data" --mount output="$demo/output"
+# The volumes live under --workdir ($demo/data, $demo/output); local mode extracts the committed sample
+# into the data volume's directory itself, as it does for `kubetrain run` without flags.
+echo "== training: kubetrain run -f examples/cifar10-cpu.yaml --local --workdir $demo"
+"$bin/kubetrain" run -f examples/cifar10-cpu.yaml --local --workdir "$demo"
 artifacts="$demo/output/cifar10-cpu"
 echo "== predicting held-out images never seen in training"
 "$bin/kubetrain" predict "$artifacts/model.pt" examples/data/predict/{airplane,cat,ship,truck}/4999.jpg

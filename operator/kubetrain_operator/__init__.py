@@ -9,7 +9,9 @@ package: its config, contract and exit codes).
   spec + observed children -> plan), `crdgen` and `apidocs` (the CRD YAML and its docs, from the models).
 - The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
   that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
-  `localrun` (local mode: a TrainingJob's workers as local processes), `controller` (the work queue and
+  `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a
+  TrainingJob's workers as local processes), `workeridentity` (the workers'
+  ServiceAccount, created where they run), `controller` (the work queue and
   plan execution), `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings
   and start) and `cli`.
 """

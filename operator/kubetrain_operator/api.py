@@ -902,7 +902,8 @@ class RunPolicy(_Model):
             "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
             "workers' pods are gone, without using the restart budget, and restarts the "
             "activeDeadlineSeconds clock. Queueing systems such as Kueue "
-            "create jobs suspended and admit them by setting false. Default false. Mutable."
+            "create jobs suspended and admit them by setting false: such a job's first group is attempt 0, "
+            "as nothing was replaced. Default false. Mutable."
         ),
     )
 
@@ -1196,8 +1197,9 @@ class TrainingJobSpec(_Model):
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
-            "serviceAccountName runs the workers as this ServiceAccount. Default: the namespace default. "
-            "Mutable: applies to workers created after the change."
+            "serviceAccountName runs the workers as this ServiceAccount. Default: the operator's "
+            "--worker-service-account (the chart's kubetrain-worker, which may only report progress), else "
+            "the namespace's default account. Mutable: applies to workers created after the change."
         ),
     )
     pod_labels: dict[str, LabelValue] | None = Field(
@@ -1430,8 +1432,10 @@ class TrainingJobStatus(_Model):
     restart_attempt: int | None = Field(
         None,
         description=(
-            "restartAttempt numbers the current worker group: 0 at first, +1 on every restart and every "
-            "resume from suspend. It appears in worker Job names and in KUBETRAIN_RESTART_ATTEMPT."
+            "restartAttempt numbers the current worker group: 0 for the first, +1 each time a group is "
+            "replaced, by a restart or by a resume after a suspend that deleted running workers (a job "
+            "created suspended runs its first group, when admitted, as attempt 0). It appears in worker "
+            "Job names and in KUBETRAIN_RESTART_ATTEMPT."
         ),
     )
     start_time: datetime | None = Field(

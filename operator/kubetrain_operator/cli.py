@@ -1,10 +1,12 @@
 """`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
+                       [--worker-service-account SA [--worker-cluster-role CLUSTERROLE]]
                        [--liveness URL] [--leader-elect]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
+    kubetrain validate -f MANIFEST.yaml [-f ...]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
 
@@ -65,13 +67,23 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--default-image",
         default=env.default_image,
-        help="image for TrainingJobs without spec.image (default: %(default)s, from Dockerfile.trainer)",
+        help="image for TrainingJobs without spec.image (env KUBETRAIN_DEFAULT_IMAGE; default: %(default)s, "
+        "built from Dockerfile.trainer by `make images`)",
     )
     op.add_argument(
         "--worker-service-account",
         default=env.worker_service_account,
         help="ServiceAccount for workers of TrainingJobs without spec.serviceAccountName "
-        "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account)",
+        "(env KUBETRAIN_WORKER_SERVICE_ACCOUNT; default: the namespace's default account, whose workers "
+        "cannot report progress)",
+    )
+    op.add_argument(
+        "--worker-cluster-role",
+        default=env.worker_cluster_role,
+        metavar="CLUSTERROLE",
+        help="create --worker-service-account, bound to this ClusterRole, in each namespace where workers "
+        "run (env KUBETRAIN_WORKER_CLUSTER_ROLE; the chart's <release>-worker when watching all namespaces; "
+        "default: create nothing)",
     )
     op.add_argument(
         "--allowed-volume-types",
@@ -131,6 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     crds.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: cwd)")
     crds.add_argument("--stdout", action="store_true", help="print the CRD instead of writing files")
 
+    validate = sub.add_parser(
+        "validate",
+        help="check TrainingJob manifests with the API's models, no cluster needed",
+        description="Check every TrainingJob document of each file with the models the CRD is generated "
+        "from, naming the file, the document and the field of each problem; documents of other kinds are "
+        "listed and skipped. Exit 0 when every TrainingJob is valid, 1 otherwise.",
+    )
+    validate.add_argument(
+        "-f", "--filename", type=Path, action="append", required=True, help="manifest (YAML); repeatable"
+    )
+
     for name in TRAINER_COMMANDS:
         sub.add_parser(name, help=f"trainer: {name} (see `kubetrain {name} --help`)", add_help=False)
     run = sub.add_parser(
@@ -138,7 +161,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run a TrainingJob's workers as local processes (--local), no cluster needed",
         description="Render the TrainingJob's worker pods with the operator's builders and run each "
         "container command locally with exactly that env (master on loopback), restarting the group "
-        "as the operator would; prints the final status.",
+        "as the operator would; prints the final status. Each spec.storage volume is a local directory: "
+        "--mount NAME=DIR, else a hostPath's own path, else WORKDIR/NAME (runs/data, runs/output for the "
+        "examples). When the built-in trainer's data.root does not exist there and an archive "
+        "data/<root name>.tar.gz sits beside the manifest (examples/data/cifar10-sample.tar.gz), it is "
+        "extracted first, so `kubetrain run -f examples/cifar10-cpu.yaml --local` needs no flags.",
     )
     run.add_argument("-f", "--filename", type=Path, required=True, help="TrainingJob manifest (YAML)")
     run.add_argument("--local", action="store_true", required=True, help="run here (the only mode)")
@@ -149,7 +176,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=DIR",
         help="local directory for spec.storage volume NAME (default: hostPath's path or WORKDIR/NAME)",
     )
-    run.add_argument("--workdir", type=Path, default=Path("runs"), help="where unmapped volumes live")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs"),
+        help="where volumes without --mount live (default: runs)",
+    )
     return parser
 
 
@@ -160,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(trainer_cli.main(argv) or 0)
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "operator" and args.worker_cluster_role and not args.worker_service_account:
+        parser.error("--worker-cluster-role needs --worker-service-account: the account it binds the role to")
     if args.command == "crds":
         from kubetrain_operator import crdgen
 
@@ -184,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             all_namespaces=args.all_namespaces,
             default_image=args.default_image,
             worker_service_account=args.worker_service_account,
+            worker_cluster_role=args.worker_cluster_role,
             metrics_port=args.metrics_port,
             liveness=args.liveness or None,
             posting_level=args.posting_level,
@@ -199,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         run(options)
         return 0
+    if args.command == "validate":
+        from kubetrain_operator import manifests
+
+        return manifests.validate(args.filename)
     if args.command == "run":
         from kubetrain_operator import localrun
 

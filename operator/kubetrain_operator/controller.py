@@ -37,7 +37,17 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain_operator import constants, events, fieldpaths, informer, kube, names, observe, reconcile
+from kubetrain_operator import (
+    constants,
+    events,
+    fieldpaths,
+    informer,
+    kube,
+    names,
+    observe,
+    reconcile,
+    workeridentity,
+)
 from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
@@ -115,6 +125,7 @@ class Controller:
         workers: int = 8,
         namespaces: list[str] | None = None,
         audit_seconds: float = AUDIT_SECONDS,
+        worker_identities: workeridentity.WorkerIdentities | None = None,
     ) -> None:
         self.kube = client
         self.cache = cache
@@ -125,6 +136,9 @@ class Controller:
         self.namespaces = namespaces
         """The watched namespaces (kopf patterns allowed); None for all."""
         self.audit_seconds = audit_seconds
+        self.worker_identities = worker_identities
+        """Creates the workers' ServiceAccount where workers need it (--worker-cluster-role); None: the
+        account is the admin's to create."""
         self._stopped = threading.Event()
         self.ready = threading.Event()
         """Set when the cache is complete (every informer listed once): workers plan nothing before."""
@@ -468,6 +482,7 @@ class Controller:
         first = [m for m in plan.create if m["kind"] not in ("Service", "Job")]
         rest = [m for m in plan.create if m["kind"] in ("Service", "Job")]
         try:
+            self._ensure_worker_identity(plan.create)
             for batch in (first, rest):
                 for created in self._creators.map(self._create, batch):
                     self.cache.observe(created)
@@ -484,6 +499,19 @@ class Controller:
             self._report_failed_create(body, plan, exc)
             raise
         return True
+
+    def _ensure_worker_identity(self, manifests: list[dict[str, Any]]) -> None:
+        """Before worker Jobs that run as the provisioned account: the account, or their pods would be
+        refused (the Job controller cannot create a pod whose ServiceAccount does not exist)."""
+        if self.worker_identities is None:
+            return
+        account = self.worker_identities.service_account
+        for manifest in manifests:
+            if manifest["kind"] == "Job" and (
+                manifest["spec"]["template"]["spec"].get("serviceAccountName") == account
+            ):
+                self.worker_identities.ensure(manifest["metadata"]["namespace"])
+                return
 
     def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """The created object, or the existing one when this TrainingJob already created it (an earlier,

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -31,11 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic
-import yaml
 from kubetrain_trainer import contract, termination
 
-from kubetrain_operator import api, builders, failure
+from kubetrain_operator import api, builders, failure, manifests
 from kubetrain_operator.observe import Worker
 
 _VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -59,22 +58,34 @@ class LocalWorker:
 
 
 def load_trainingjob(path: Path) -> api.TrainingJob:
-    """Parse and validate a TrainingJob manifest with the same models the CRD is generated from."""
+    """Parse and validate a one-TrainingJob manifest with the same models the CRD is generated from."""
     try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise LocalRunError(f"{path}: cannot read: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise LocalRunError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(document, dict) or document.get("kind") != "TrainingJob":
-        raise LocalRunError(f"{path}: expected one document of kind TrainingJob")
-    try:
-        return api.TrainingJob.model_validate(document)
-    except pydantic.ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
-        )
-        raise LocalRunError(f"{path}: invalid TrainingJob: {problems}") from error
+        documents = manifests.read_documents(path)
+        if len(documents) > 1:
+            raise manifests.ManifestError(
+                f"{path}: holds {len(documents)} documents: expected one TrainingJob"
+            )
+        return manifests.parse_trainingjob(documents[0])
+    except manifests.ManifestError as error:
+        raise LocalRunError(str(error)) from error
+
+
+def provide_sample(job: api.TrainingJob, directories: Mapping[str, Path], manifest: Path) -> str | None:
+    """Extract `<manifest dir>/data/<name>.tar.gz` when the built-in trainer's data root (as mapped here)
+    does not exist and is named `<name>`: the examples run from a fresh clone with no flags, their
+    committed CIFAR sample unpacked where the data volume's local directory puts it. What was done, or
+    None when there was nothing to do."""
+    trainer = job.spec.trainer
+    if trainer is None or trainer.data.dataset == "fake":
+        return None
+    root = Path(_rewrite_path(trainer.data.root, directories))
+    archive = manifest.parent / "data" / f"{root.name}.tar.gz"
+    if root.exists() or not archive.is_file():
+        return None
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as members:
+        members.extractall(root.parent, filter="data")
+    return f"extracted {archive} into {root.parent} (data.root {trainer.data.root} was not there)"
 
 
 def mount_directories(
@@ -365,6 +376,9 @@ def main(manifest: Path, mounts: list[str], workdir: Path) -> int:
     except LocalRunError as error:
         print(f"kubetrain run: {error}", file=sys.stderr)
         return 2
+    extracted = provide_sample(job, directories, manifest)
+    if extracted is not None:
+        print(f"kubetrain: {extracted}")
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         result = run_local(job, directories)

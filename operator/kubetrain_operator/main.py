@@ -5,7 +5,12 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
 - namespaces: `--namespace NS` (repeatable; env KUBETRAIN_NAMESPACES, comma-separated; kopf glob
   patterns allowed) or `--all-namespaces` (env KUBETRAIN_ALL_NAMESPACES=true); default: the namespace in
   env POD_NAMESPACE, else `default`;
-- `--default-image` (env KUBETRAIN_DEFAULT_IMAGE): the image of TrainingJobs without spec.image;
+- `--default-image` (env KUBETRAIN_DEFAULT_IMAGE, default `constants.TRAINER_IMAGE`): the image of
+  TrainingJobs without spec.image;
+- `--worker-service-account` (env KUBETRAIN_WORKER_SERVICE_ACCOUNT): the workers' ServiceAccount when
+  spec.serviceAccountName is empty; with `--worker-cluster-role` (env KUBETRAIN_WORKER_CLUSTER_ROLE) the
+  operator creates it, bound to that ClusterRole, in each namespace where it creates workers (see
+  `workeridentity`);
 - `--metrics-port` (env KUBETRAIN_METRICS_PORT, default 8080, 0 disables): Prometheus /metrics;
 - `--liveness` (env KUBETRAIN_LIVENESS, default http://0.0.0.0:8081/healthz, empty disables);
 - `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
@@ -48,6 +53,7 @@ from kubetrain_operator import (
     kube,
     leader,
     reconcile,
+    workeridentity,
 )
 from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
@@ -62,6 +68,7 @@ class Options:
     all_namespaces: bool = False
     default_image: str = constants.TRAINER_IMAGE
     worker_service_account: str | None = None
+    worker_cluster_role: str | None = None
     metrics_port: int = 8080
     liveness: str | None = "http://0.0.0.0:8081/healthz"
     posting_level: str = "WARNING"
@@ -84,6 +91,7 @@ class Options:
             all_namespaces=env.get("KUBETRAIN_ALL_NAMESPACES", "").lower() in ("1", "true", "yes"),
             default_image=env.get("KUBETRAIN_DEFAULT_IMAGE", cls.default_image),
             worker_service_account=env.get("KUBETRAIN_WORKER_SERVICE_ACCOUNT") or None,
+            worker_cluster_role=env.get("KUBETRAIN_WORKER_CLUSTER_ROLE") or None,
             metrics_port=int(env.get("KUBETRAIN_METRICS_PORT", cls.metrics_port)),
             liveness=env.get("KUBETRAIN_LIVENESS", cls.liveness) or None,
             posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
@@ -149,6 +157,11 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
 
     client = kube.Kube(fence=_state["fence"], user_agent=_user_agent())
+    identities = None
+    if options.worker_cluster_role and options.worker_service_account:
+        identities = workeridentity.WorkerIdentities(
+            client, options.worker_service_account, options.worker_cluster_role
+        )
     controller = Controller(
         client,
         ClusterCache(),
@@ -161,6 +174,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         metrics=Metrics.create(),
         workers=options.workers,
         namespaces=None if options.all_namespaces else options.watched_namespaces(),
+        worker_identities=identities,
     )
     # Events are posted in the background, after new jobs' workers (see events).
     poster = events.EventPoster(client.create, busy=controller.busy)

@@ -50,6 +50,20 @@ class Worker:
     finished_at: str | None = None
 
 
+def scheduler_message(message: str | None) -> str | None:
+    """The scheduler's reason without its echoes: it appends what preemption found, which for a missing
+    claim repeats the end of the sentence before ('persistentvolumeclaim "data" not found. not found').
+    A sentence that only repeats the end of the previous one is dropped."""
+    if not message:
+        return message
+    kept: list[str] = []
+    for sentence in message.split(". "):
+        if kept and sentence.strip(" .") and kept[-1].rstrip(" .").endswith(sentence.strip(" .")):
+            continue
+        kept.append(sentence)
+    return ". ".join(kept)
+
+
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return obj.get("metadata", {}).get("labels") or {}
 
@@ -148,7 +162,7 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
             return Worker(
                 phase="pending",
                 reason=cond.get("reason") or "Unschedulable",
-                message=cond.get("message"),
+                message=scheduler_message(cond.get("message")),
                 **base,
             )
     scheduled = any(c.get("type") == "PodScheduled" for c in status.get("conditions") or ())

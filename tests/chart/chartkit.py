@@ -47,6 +47,18 @@ CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
 )
 """Only when watching all namespaces: kopf re-scans CRDs at run time to notice (re)installed resources."""
 
+WORKER_IDENTITY_NEEDS: tuple[tuple[str, str, str], ...] = (
+    ("", "serviceaccounts", "create"),
+    ("rbac.authorization.k8s.io", "rolebindings", "create"),
+)
+"""Only when watching all namespaces with the worker ServiceAccount (the default): the operator creates
+the workers' account and its RoleBinding where workers run; create only, never read, change or delete."""
+
+WORKER_ROLE_NEEDS_BY_NAME = tuple(
+    ("rbac.authorization.k8s.io", "clusterroles", verb) for verb in ("get", "bind")
+)
+"""The same: the workers' ClusterRole, by name, is the one role the operator may bind (and read, for its uid)."""
+
 LEADER_NEEDS_BY_NAME = tuple(("coordination.k8s.io", "leases", verb) for verb in ("get", "update"))
 """Leader election: the chart creates the Lease; the operator reads and renews that one object by name."""
 

@@ -652,3 +652,145 @@ def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_ove
     finally:
         for operator in operators.values():
             stop_operator(operator)
+
+
+def test_a_plain_install_shows_live_progress_of_a_job_in_any_namespace(
+    chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """`helm install` with no values watches every namespace; a TrainingJob that names no ServiceAccount,
+    in a namespace the chart never heard of, still gets EPOCH and TRAIN-LOSS in `kubectl get`: the
+    operator (run as the chart's pod runs it, on its token) creates the worker account there, and rank 0's
+    bound token may set its own pod's progress annotation, as the trainer does."""
+    cluster = chart.cluster
+    label_restricted(cluster, other_namespace)
+    chart.install(release, namespace, {})
+    pod_id = f"{fullname(release)}-0000000000-local"
+    operator = start_operator(chart, namespace, release, pod_id)
+    try:
+        cluster.apply({
+            "apiVersion": "kubetrain.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "progress", "namespace": other_namespace},
+            "spec": {"workers": 2, "trainer": {"epochs": 10},
+                     "podAnnotations": {"sim.kubetrain.io/hold": "true"}},
+        })  # fmt: skip
+
+        def master_pod() -> dict[str, Any] | None:
+            pods = get_json(cluster, "pods", "-n", other_namespace, "-l", "kubetrain.io/role=master")["items"]
+            return pods[0] if pods and pods[0]["status"].get("phase") == "Running" else None
+
+        pod = wait_for(master_pod, "worker 0 to run", timeout=120)
+        assert pod["spec"]["serviceAccountName"] == "kubetrain-worker"
+        token = cluster.kubectl(
+            "create", "token", "kubetrain-worker", "-n", other_namespace, "--bound-object-kind=Pod",
+            f"--bound-object-name={pod['metadata']['name']}", "--duration=30m",
+        ).strip()  # fmt: skip
+        token_path = chart.directory / "worker-token"
+        token_path.write_text(token)
+        ca = Path(
+            yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["certificate-authority"]
+        )
+        annotator = progress.PodAnnotator(
+            cluster.server, other_namespace, pod["metadata"]["name"], token_path, ca
+        )
+        record = progress.progress_record(epoch=3, epochs=10, step=60, loss=0.4321, accuracy=0.61,
+                                          validation_loss=0.5432)  # fmt: skip
+        # RBAC for a new RoleBinding takes effect asynchronously.
+        wait_for(lambda: annotator.patch(record), "the worker's progress patch to be allowed")
+
+        def columns() -> dict[str, str] | None:
+            header, row = cluster.kubectl(
+                "get", "trainingjob", "progress", "-n", other_namespace
+            ).splitlines()
+            shown = dict(zip(header.split(), row.split(), strict=False))
+            return shown if shown.get("EPOCH") == "3" else None
+
+        shown = wait_for(columns, "kubectl get to show the epoch")
+        assert operator.poll() is None, "the operator exited"
+    except AssertionError:
+        print(operator_log(chart, pod_id)[-6000:])
+        raise
+    finally:
+        stop_operator(operator)
+    assert (shown["TRAIN-LOSS"], shown["VAL-LOSS"]) == ("0.4321", "0.5432")
+    binding = get_json(cluster, "rolebinding", f"{fullname(release)}-worker", "-n", other_namespace)
+    assert binding["roleRef"]["name"] == f"{fullname(release)}-worker"
+    refused = [line for line in operator_log(chart, pod_id).splitlines() if REFUSAL.search(line)]
+    assert refused == []
+    # Owned by the chart's worker ClusterRole: uninstalling has the garbage collector remove them.
+    chart.uninstall(release, namespace)
+    wait_for(
+        lambda: not get_json(cluster, "serviceaccounts,rolebindings", "-n", other_namespace,
+                             "-l", "app.kubernetes.io/component=worker")["items"],
+        "the worker account and its binding to be collected",
+    )  # fmt: skip
+
+
+def hostpath_volume(namespace: str, claim: str, directory: Path) -> dict[str, Any]:
+    """What a cluster's storage provisioner would make for `claim` (the test control plane has none)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": str(directory)},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+
+
+def test_the_readme_quickstart_runs_as_written(
+    chart: Chart, namespace: str, other_namespace: str, release: str
+) -> None:
+    """README "Quickstart on a cluster", step by step, in a namespace of the user's: the example job
+    first without its volumes (the pending message names the missing claim once), then with
+    examples/quickstart-storage.yaml applied as written, the loader pod ready, and the job run to
+    Succeeded (kwok runs the containers, so the `kubectl exec ... tar` step has nothing to run in)."""
+    cluster = chart.cluster
+    chart.install(release, namespace, {})
+    pod_id = f"{fullname(release)}-0000000000-local"
+    operator = start_operator(chart, namespace, release, pod_id)
+    example = str(REPO_ROOT / "examples" / "cifar10-cpu.yaml")
+    try:
+        cluster.kubectl("apply", "-n", other_namespace, "-f", example)
+
+        def pending_message() -> str | None:
+            status = get_json(cluster, "trainingjob", "cifar10-cpu", "-n", other_namespace).get("status", {})
+            return (
+                status.get("pendingMessage")
+                if "cifar10-data" in (status.get("pendingMessage") or "")
+                else None
+            )
+
+        message = wait_for(pending_message, "the job to say why its workers wait")
+        # The scheduler says 'persistentvolumeclaim "cifar10-data" not found. not found': said once here.
+        assert message.endswith('nodes are available: persistentvolumeclaim "cifar10-data" not found'), (
+            message
+        )
+        cluster.kubectl("delete", "-n", other_namespace, "-f", example, "--wait=true")
+
+        cluster.apply([hostpath_volume(other_namespace, claim, chart.directory)
+                       for claim in ("cifar10-data", "kubetrain-output")])  # fmt: skip
+        cluster.kubectl(
+            "apply", "-n", other_namespace, "-f", str(REPO_ROOT / "examples" / "quickstart-storage.yaml")
+        )
+        cluster.kubectl("wait", "-n", other_namespace, "--for=condition=Ready", "pod/cifar10-data-loader",
+                        "--timeout=120s")  # fmt: skip
+        cluster.kubectl("delete", "-n", other_namespace, "pod", "cifar10-data-loader")
+        cluster.kubectl("apply", "-n", other_namespace, "-f", example)
+        final = finished_phase(cluster, other_namespace, "cifar10-cpu")
+    except AssertionError:
+        print(operator_log(chart, pod_id)[-6000:])
+        raise
+    finally:
+        stop_operator(operator)
+    assert final == "Succeeded"
+    claims = get_json(cluster, "pvc", "-n", other_namespace)["items"]
+    assert {c["metadata"]["name"]: c["status"]["phase"] for c in claims} == {
+        "cifar10-data": "Bound",
+        "kubetrain-output": "Bound",
+    }

@@ -61,3 +61,12 @@ def test_an_operator_without_default_image_gives_workers_the_built_trainer_image
     assert main.Options().default_image == constants.TRAINER_IMAGE
     assert cli._parser().parse_args(["operator"]).default_image == constants.TRAINER_IMAGE
     assert builders.Context.__dataclass_fields__["default_image"].default == constants.TRAINER_IMAGE
+
+
+def test_operator_help_states_the_default_worker_image(capsys: pytest.CaptureFixture[str]) -> None:
+    """A locally run operator gives workers this image unless told otherwise: --help must say which."""
+    from kubetrain_operator import cli
+
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["operator", "--help"])
+    assert f"default: {constants.TRAINER_IMAGE}," in " ".join(capsys.readouterr().out.split())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,13 @@ def test_mount_for_an_unknown_volume_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("kind: Pod\n", "expected one document of kind TrainingJob"),
+        ("kind: Pod\n", "kind is 'Pod', expected TrainingJob"),
+        (
+            "- apiVersion: kubetrain.io/v1alpha1\n  kind: TrainingJob\n",
+            "the document is a list, not a mapping",
+        ),
+        ("just words\n", r"a single value \(str\), not a mapping: a TrainingJob starts with `apiVersion:`"),
+        ("", "is empty"),
         (
             "kind: TrainingJob\napiVersion: kubetrain.io/v1alpha1\nspec: {workers: 0, trainer: {}}\n",
             "spec.workers",
@@ -104,3 +111,21 @@ def test_bad_manifest_is_refused_naming_file_and_field(tmp_path: Path, content: 
     with pytest.raises(localrun.LocalRunError, match=message) as refused:
         localrun.load_trainingjob(path)
     assert str(path) in str(refused.value)
+
+
+def test_a_missing_data_root_is_extracted_from_the_archive_beside_the_manifest(tmp_path: Path) -> None:
+    """`kubetrain run -f examples/cifar10-cpu.yaml --local` from a fresh clone: the sample is committed
+    as examples/data/cifar10-sample.tar.gz and unpacked where the data volume's local directory is."""
+    manifest = tmp_path / "examples" / "job.yaml"
+    (manifest.parent / "data").mkdir(parents=True)
+    sample = tmp_path / "sample" / "set" / "train" / "cat"
+    sample.mkdir(parents=True)
+    (sample / "0.jpg").write_bytes(b"jpeg")
+    with tarfile.open(manifest.parent / "data" / "set.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "sample" / "set", arcname="set")
+    job = _job({**TRAINER_SPEC, "trainer": {**TRAINER_SPEC["trainer"], "data": {"root": "/data/set"}}})
+    directories = localrun.mount_directories(job.spec, {}, tmp_path / "runs")
+    said = localrun.provide_sample(job, directories, manifest)
+    assert said is not None and "set.tar.gz" in said
+    assert (tmp_path / "runs" / "data" / "set" / "train" / "cat" / "0.jpg").read_bytes() == b"jpeg"
+    assert localrun.provide_sample(job, directories, manifest) is None, "extracted once, then used"

@@ -159,3 +159,12 @@ def test_an_unknown_volume_type_flag_is_refused_naming_the_known_ones(
     with pytest.raises(SystemExit):
         cli.main(["operator", "--allowed-volume-types=nfs"])
     assert "persistentVolumeClaim, hostPath, emptyDir" in capsys.readouterr().err
+
+
+def test_a_worker_cluster_role_without_the_account_to_bind_it_to_is_refused_naming_both_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["operator", "--worker-cluster-role", "kubetrain-worker"])
+    assert refused.value.code == 2
+    assert "--worker-cluster-role needs --worker-service-account" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile
+from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile, workeridentity
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -74,6 +74,13 @@ class FakeKube:
         self.put(obj)
         self.creations.append((manifest["kind"], name))
         return copy.deepcopy(obj)
+
+    def request(self, method: str, url: str, **_: Any) -> dict[str, Any]:
+        """Reads by path: only the chart's worker ClusterRole exists here (cluster-scoped)."""
+        self.calls.append(f"{method} {url}")
+        if method == "GET" and url == "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubetrain-worker":
+            return {"metadata": {"name": "kubetrain-worker", "uid": "worker-role-uid"}}
+        raise kube.ApiError(404, "NotFound", f"{url} not found")
 
     def list_pages(
         self, kind: str, namespace: str | None, label_selector: str | None = None, limit: int = 500
@@ -747,3 +754,61 @@ def test_a_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_statu
     warning = fake.events[-1]
     assert (warning["type"], warning["reason"]) == ("Warning", "InvalidSpec")
     assert "spec.trainer.epochs" in warning["message"] and outcome.invalid == warning["message"]
+
+
+def _provisioning_controller(fake: FakeKube, cluster_role: str = "kubetrain-worker") -> Controller:
+    """As the chart runs the operator when watching all namespaces (--worker-cluster-role)."""
+    return Controller(
+        fake,  # type: ignore[arg-type]
+        fake.cache,
+        defaults=reconcile.Defaults(image="img:test", service_account="kubetrain-worker"),
+        metrics=Metrics.create(),
+        clock=lambda: NOW,
+        worker_identities=workeridentity.WorkerIdentities(fake, "kubetrain-worker", cluster_role),  # type: ignore[arg-type]
+    )
+
+
+def test_workers_without_an_account_get_the_provisioned_one_created_before_them_once_per_namespace() -> None:
+    fake = _fake_with_job()
+    fake.put(trainingjob("second"))
+    controller = _provisioning_controller(fake)
+    controller.reconcile(NS, "demo")
+    controller.reconcile(NS, "second")
+    assert fake.creations[:2] == [("ServiceAccount", "kubetrain-worker"), ("RoleBinding", "kubetrain-worker")]
+    assert [kind for kind, _ in fake.creations].count("RoleBinding") == 1
+    binding = fake.objects[("RoleBinding", NS, "kubetrain-worker")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "kubetrain-worker"}  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kubetrain-worker", "namespace": NS}]
+    for kind in ("ServiceAccount", "RoleBinding"):  # collected when the chart's ClusterRole is uninstalled
+        owners = fake.objects[(kind, NS, "kubetrain-worker")]["metadata"]["ownerReferences"]
+        assert owners == [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                           "name": "kubetrain-worker", "uid": "worker-role-uid"}]  # fmt: skip
+    worker = fake.objects[("Job", NS, "demo-r0-w0")]
+    assert worker["spec"]["template"]["spec"]["serviceAccountName"] == "kubetrain-worker"
+
+
+def test_a_job_naming_its_own_account_provisions_nothing() -> None:
+    fake = _fake_with_job({"workers": 2, "trainer": {"epochs": 2}, "serviceAccountName": "team-sa"})
+    _provisioning_controller(fake).reconcile(NS, "demo")
+    assert {kind for kind, _ in fake.creations} == {"Service", "Job"}
+    assert (
+        fake.objects[("Job", NS, "demo-r0-w0")]["spec"]["template"]["spec"]["serviceAccountName"] == "team-sa"
+    )
+
+
+def test_an_existing_worker_account_is_used_as_it_is() -> None:
+    fake = _fake_with_job()
+    fake.put({"apiVersion": "v1", "kind": "ServiceAccount",
+              "metadata": {"name": "kubetrain-worker", "namespace": NS, "uid": "admins"}})  # fmt: skip
+    _provisioning_controller(fake).reconcile(NS, "demo")
+    assert fake.objects[("ServiceAccount", NS, "kubetrain-worker")]["metadata"]["uid"] == "admins"
+    assert ("Job", "demo-r0-w0") in fake.creations
+
+
+def test_a_missing_worker_cluster_role_is_reported_in_status_naming_the_flag() -> None:
+    fake = _fake_with_job()
+    with pytest.raises(kube.ApiError):
+        _provisioning_controller(fake, cluster_role="absent").reconcile(NS, "demo")
+    assert "ClusterRole absent (--worker-cluster-role) does not exist" in fake.status()["pendingMessage"]
+    assert not [kind for kind, _ in fake.creations if kind == "Job"]

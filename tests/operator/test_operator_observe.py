@@ -131,3 +131,22 @@ def test_a_worker_under_torchrun_fails_with_the_code_its_child_recorded(message:
     failed = pod(0, phase="Failed", exit_code=1)
     failed["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = message
     assert observe.read_worker(0, 0, JOBS["active"], [failed]).exit_code == exit_code
+
+
+@pytest.mark.parametrize(
+    ("said", "shown"),
+    [
+        (
+            '0/3 nodes are available: persistentvolumeclaim "cifar10-data" not found. not found',
+            '0/3 nodes are available: persistentvolumeclaim "cifar10-data" not found',
+        ),
+        (
+            "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No "
+            "preemption victims found for incoming pod.",
+            "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No "
+            "preemption victims found for incoming pod.",
+        ),
+    ],
+)
+def test_a_scheduler_message_loses_its_echo_and_nothing_else(said: str, shown: str) -> None:
+    assert observe.scheduler_message(said) == shown

@@ -402,11 +402,18 @@ def test_suspend_deletes_workers_and_resume_starts_a_new_attempt() -> None:
     assert "Resumed" in [e.reason for e in resumed.events]
 
 
-def test_created_suspended_never_creates_workers() -> None:
+def test_created_suspended_never_creates_workers_and_its_first_admission_is_attempt_0() -> None:
+    """Kueue admits a job created suspended by clearing suspend: its first group is its first run, not a
+    replacement of one, so it is attempt 0 (worker Jobs -r0-, KUBETRAIN_RESTART_ATTEMPT=0); only a resume
+    after a suspend that deleted workers starts a new attempt."""
     p = _plan(spec=trainer_spec(runPolicy={"suspend": True}), status={}, with_service=False)
     assert p.create == []
     assert p.status["phase"] == "Suspended"
     assert p.status["restartAttempt"] == 0
+    admitted = _plan(spec=trainer_spec(runPolicy={"suspend": False}), status=p.status, with_service=False)
+    assert _created(admitted) == ["demo", "demo-r0-w0", "demo-r0-w1"]
+    assert admitted.status["restartAttempt"] == 0 and admitted.status["restarts"] == 0
+    assert _cond(admitted, "Suspended")["reason"] == "Resumed"
 
 
 @pytest.mark.parametrize(

@@ -129,3 +129,11 @@ def test_predict_on_a_missing_image_exits_3(trained: Path, tmp_path: Path) -> No
     result = kubetrain("predict", str(trained / "model.pt"), str(tmp_path / "absent.jpg"))
     assert result.returncode == ExitCode.DATA_ERROR
     assert "absent.jpg" in result.stderr
+
+
+def test_predict_errors_name_the_problem_without_a_rank_prefix(tmp_path: Path) -> None:
+    """predict is one process, not a rank of a group: its errors are for the user at the terminal."""
+    result = kubetrain("predict", str(tmp_path / "absent.pt"), str(PREDICT_DIR))
+    assert result.returncode == ExitCode.BAD_CONFIG
+    assert f"model file {tmp_path / 'absent.pt'} does not exist" in result.stderr
+    assert "rank" not in result.stderr

@@ -98,7 +98,8 @@ The RBAC rules the operator needs in every namespace it watches: exactly the ver
 - podgroups (scheduling.volcano.sh, scheduling.x-k8s.io), per gangSchedulers: a TrainingJob with
   spec.gangScheduling gets one PodGroup, fetched and created by the controller, deleted by the garbage
   collector through its ownerReference.
-No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touches them.
+No Secrets, ConfigMaps, ServiceAccounts or RBAC objects here; watching all namespaces, rbac.yaml adds
+creating (only) the workers' ServiceAccount and RoleBinding where they run.
 */}}
 {{- define "kubetrain.namespacedRules" -}}
 - apiGroups: ["kubetrain.io"]
@@ -132,4 +133,10 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
 {{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}
 {{- define "kubetrain.leaseName" -}}
 {{- default (include "kubetrain.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* The workers' ClusterRole (all namespaces): the operator binds it to the worker ServiceAccount it
+creates in each namespace where workers run. */}}
+{{- define "kubetrain.workerClusterRole" -}}
+{{- printf "%s-worker" (include "kubetrain.fullname" .) }}
 {{- end }}
