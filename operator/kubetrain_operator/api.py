@@ -89,6 +89,9 @@ PET_RDZV_ENDPOINT would silently redirect the rendezvous) and KUBETRAIN_* is the
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 """Container resources without a domain; anything else is hugepages-<size> or <domain>/<name>."""
 
+MANAGED_BY_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$"
+"""spec.managedBy: a domain-prefixed path, as batch/v1 Job's and JobSet's managedBy."""
+
 IMMUTABLE_SPEC_FIELDS = (
     "image",
     "imagePullPolicy",
@@ -103,6 +106,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "masterPort",
     "successPolicy",
     "gangScheduling",
+    "managedBy",
 )
 """Spec fields that cannot change after creation (enforced by CEL transition rules on `spec`)."""
 
@@ -1228,6 +1232,18 @@ class TrainingJobSpec(_Model):
             "Immutable."
         ),
     )
+    managed_by: str | None = Field(
+        None,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description=(
+            f"managedBy names the controller that reconciles this TrainingJob, as a domain-prefixed path. "
+            f"Unset or {constants.MANAGED_BY_CONTROLLER}: the kubetrain operator. Any other value: the "
+            "kubetrain operator leaves the object alone (creates no workers, writes no status), so another "
+            "controller, such as Kueue's MultiKueue dispatching it to a worker cluster, can run it. "
+            "Default: unset. Immutable."
+        ),
+    )
     success_policy: Literal["AllWorkers", "Worker0"] = Field(
         "AllWorkers",
         description=(
@@ -1302,6 +1318,10 @@ class TrainingJobSpec(_Model):
         if isinstance(value, int) and value < 1:
             raise ValueError('nprocPerWorker must be an integer >= 1 or "auto"')
         return value
+
+    def managed_by_kubetrain(self) -> bool:
+        """Whether the kubetrain operator reconciles this TrainingJob (spec.managedBy unset or ours)."""
+        return self.managed_by in (None, constants.MANAGED_BY_CONTROLLER)
 
     def procs_per_worker(self) -> int:
         """nprocPerWorker resolved: auto is the GPU count per worker, or 1 without GPUs."""
