@@ -149,6 +149,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
 
     client = kube.Kube(fence=_state["fence"], user_agent=_user_agent())
+    # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
+    # operator restart, and until then a queued TrainingJob waits, saying so.
+    kueue = client.serves(constants.KUEUE_API)
     controller = Controller(
         client,
         ClusterCache(),
@@ -157,6 +160,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
             service_account=options.worker_service_account,
             resync_seconds=options.resync_seconds,
             policy=options.policy(),
+            kueue=kueue,
         ),
         metrics=Metrics.create(),
         workers=options.workers,
@@ -171,6 +175,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         controller.cache,
         controller.namespaces,
         lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+        kueue=kueue,
     )
     controller.ready.clear()
     for child_informer in children:
@@ -187,8 +192,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo["events"] = poster
     memo["informers"] = children
     logger.info(
-        "kubetrain operator watching %s",
+        "kubetrain operator watching %s; Kueue %s",
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
+        f"found ({constants.KUEUE_API} served)" if kueue else "not installed",
     )
 
 

@@ -168,6 +168,13 @@ class Defaults:
     """Whether the cluster serves Kueue's Workload API (checked when the operator starts)."""
 
 
+def managed_here(body: Mapping[str, Any]) -> bool:
+    """Whether the kubetrain operator reconciles this TrainingJob: spec.managedBy is unset or names it.
+    Any other controller's TrainingJob is left alone entirely, as the Job controller leaves a Job whose
+    managedBy names another (Kueue's MultiKueue runs such jobs on worker clusters)."""
+    return (body.get("spec") or {}).get("managedBy") in (None, constants.MANAGED_BY_CONTROLLER)
+
+
 def spec_error(exc: pydantic.ValidationError) -> str:
     """The first validation errors as `spec.<field>: <message>`, the field written as the API server
     writes it (spec.env[0].name), so the message points into the user's manifest."""
@@ -529,6 +536,7 @@ def _queueing(
         return _Queued(hold=("Queued", f"queued in LocalQueue {queue}: {verdict.waiting}"))
     placement = queueing.placement(verdict, obs.flavors)
     if isinstance(placement, str):
+        out.requeue_after = WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
         return _Queued(hold=("Queued", placement))
     return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
 
