@@ -13,7 +13,7 @@ from kubetrain_operator import admission, api, builders, constants, informer, ku
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
-from operator_fakes import NS, pod, service, trainingjob
+from operator_fakes import NS, pod, service, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -747,3 +747,12 @@ def test_a_job_whose_spec_stops_validating_keeps_its_workers_even_when_its_statu
     warning = fake.events[-1]
     assert (warning["type"], warning["reason"]) == ("Warning", "InvalidSpec")
     assert "spec.trainer.epochs" in warning["message"] and outcome.invalid == warning["message"]
+
+
+def test_a_trainingjob_managed_by_another_controller_is_left_alone() -> None:
+    """spec.managedBy naming another controller (Kueue's MultiKueue, say): no child, no status, no event."""
+    fake = _fake_with_job(trainer_spec(managedBy="kueue.x-k8s.io/multikueue"))
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert outcome.plan is None and not outcome.gone
+    assert fake.calls == [] and fake.events == []
+    assert fake.status() == {}
