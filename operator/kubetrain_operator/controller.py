@@ -61,6 +61,13 @@ ROUTINE_MAX_WAIT = 30.0
 """Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
+QUEUED_STATUS_DELAY = 2.0
+"""Seconds a new queued TrainingJob's first status write waits after its Kueue Workload is created. Kueue
+admits a Workload that fits at once, and that admission's watch event brings the reconcile creating the
+workers and writing their status: a job admitted at once never writes "Suspended: queued" (two status
+writes and two events fewer). A job that does not fit hears from Kueue (QuotaReserved False, with the
+reason) through the same watch; this delay only bounds how long a job Kueue says nothing about shows no
+phase."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 
@@ -391,6 +398,9 @@ class Controller:
         )
         if creations_only:
             if not self._create_all(body, plan, outcome):
+                return outcome
+            if not stored.get("phase") and any(m["kind"] == "Workload" for m in plan.create):
+                self.schedule((namespace, name), QUEUED_STATUS_DELAY)  # see QUEUED_STATUS_DELAY
                 return outcome
             if self._urgent_queued():
                 # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
