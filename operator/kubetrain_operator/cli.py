@@ -1,7 +1,7 @@
 """`kubetrain`: one entry point for the operator, the CRD generator and the trainer.
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
-                       [--liveness URL] [--leader-elect]
+                       [--liveness URL] [--leader-elect] [--no-kueue]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
@@ -120,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--leader-election-id", default=env.leader_election_id, help="name of the Lease")
     op.add_argument(
+        "--no-kueue",
+        dest="kueue",
+        action="store_false",
+        default=env.kueue,
+        help="never use Kueue, even where its Workload API is served (for RBAC without Kueue's objects)",
+    )
+    op.add_argument(
         "--resync-seconds",
         type=float,
         default=env.resync_seconds,
@@ -196,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             leader_election_id=args.leader_election_id,
             allowed_volume_types=args.allowed_volume_types,
             allowed_service_accounts=args.allowed_service_accounts,
+            kueue=args.kueue,
         )
         run(options)
         return 0

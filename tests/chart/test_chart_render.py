@@ -16,6 +16,8 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
+    KUEUE_CLUSTER_NEEDS,
+    KUEUE_NEEDS,
     LEADER_NEEDS_BY_NAME,
     OPERATOR_NEEDS,
     REPO_ROOT,
@@ -32,7 +34,7 @@ from kubetrain_operator import cli
 
 pytestmark = pytest.mark.unit
 
-NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"], "kueue": {"enabled": False}}
 LEADER = {"replicas": 2, "leaderElection": {"enabled": True}}
 CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 WORKER_USER = "system:serviceaccount:{}:kubetrain-worker"
@@ -70,7 +72,9 @@ def test_default_install_watches_all_namespaces_with_one_cluster_role(helm_bin: 
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "kubetrain-system"}
     ]
-    assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS)
+    assert granted(role["rules"]) == (
+        set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS) | set(KUEUE_NEEDS) | set(KUEUE_CLUSTER_NEEDS)
+    )
     args = operator_container(objects)["args"]
     assert "--all-namespaces" in args
     assert not [arg for arg in args if arg.startswith("--namespace")]
@@ -96,6 +100,18 @@ def test_watch_namespaces_get_one_role_each_and_nothing_cluster_scoped(
     args = operator_container(objects)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
+    assert "--no-kueue" in args
+
+
+def test_watch_namespaces_with_kueue_read_kueues_cluster_objects_through_a_cluster_role_of_their_own(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    objects = render(helm_bin, tmp_path, {**NAMESPACED, "kueue": {"enabled": True}})
+    for role in operator_objects(objects, "Role"):
+        assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(KUEUE_NEEDS)
+    assert granted(only(objects, "ClusterRole")["rules"]) == set(KUEUE_CLUSTER_NEEDS)
+    assert only(objects, "ClusterRoleBinding")["roleRef"]["name"].endswith("-kueue")
+    assert "--no-kueue" not in operator_container(objects)["args"]
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())

@@ -15,7 +15,9 @@ from testcluster.operator_process import install_crd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MANIFESTS = sorted(
-    p for p in EXAMPLES.rglob("*.yaml") if yaml.safe_load(p.read_text()).get("kind") == "TrainingJob"
+    p
+    for p in EXAMPLES.rglob("*.yaml")
+    if next(yaml.safe_load_all(p.read_text()), {}).get("kind") == "TrainingJob"
 )
 
 
