@@ -513,7 +513,12 @@ def _queueing(
             return _Queued(
                 hold=("Queued", f"waiting for Workload {name} of an earlier TrainingJob to be deleted")
             )
-        ctx = builders.Context(owner=builders.Owner(obs.name, obs.namespace, obs.uid), spec=spec)
+        ctx = builders.Context(
+            owner=builders.Owner(obs.name, obs.namespace, obs.uid),
+            spec=spec,
+            default_image=defaults.image,
+            default_service_account=defaults.service_account,
+        )
         out.create.append(queueing.build_workload(ctx, queue, obs.labels))
         return _Queued(
             hold=("Queued", f"queued in LocalQueue {queue} as Workload {name}: waiting for Kueue to admit it")
