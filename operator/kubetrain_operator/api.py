@@ -20,7 +20,8 @@ changing it under a running DDP group has no safe meaning. Run and failure polic
 scheduling and pod-metadata fields (env, imagePullSecrets, nodeSelector, tolerations, affinity,
 priorityClassName, schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any
 time; scheduling and pod-metadata changes apply to workers created afterwards (the next restart attempt
-or resume), which is what queueing systems such as Kueue need when they admit a suspended job.
+or resume), which is what queueing systems such as Kueue need when they admit a suspended job (the
+Workload of a job queued in Kueue keeps the values it was created with).
 """
 
 from __future__ import annotations
@@ -905,8 +906,9 @@ class RunPolicy(_Model):
             "suspend true deletes the workers (their progress lives only in checkpoints) and reports phase "
             "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
             "workers' pods are gone, without using the restart budget, and restarts the "
-            "activeDeadlineSeconds clock. Queueing systems such as Kueue "
-            "create jobs suspended and admit them by setting false. Default false. Mutable."
+            "activeDeadlineSeconds clock. A job labelled kueue.x-k8s.io/queue-name is also kept "
+            "Suspended until Kueue admits its Workload (and suspended again when Kueue evicts it); suspend "
+            "true deactivates its Workload, giving its quota back. Default false. Mutable."
         ),
     )
 
