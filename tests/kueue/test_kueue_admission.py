@@ -63,6 +63,10 @@ class Jobs:
     def workload(self, name: str) -> dict[str, Any]:
         return self.get("workloads.kueue.x-k8s.io", name)
 
+    def workload_if_any(self, name: str) -> dict[str, Any] | None:
+        found = self.get("workloads.kueue.x-k8s.io", "--field-selector", f"metadata.name={name}")["items"]
+        return found[0] if found else None
+
 
 @pytest.fixture
 def jobs(kueue_cluster: Cluster, queue_namespace: str, kueue_operator: OperatorProcess) -> Jobs:
@@ -109,7 +113,8 @@ def test_a_higher_priority_job_preempts_a_running_one_which_later_resumes_and_fi
     jobs.wait_phase("low", "Running")
     first_uid = jobs.worker_jobs("low")[0]["metadata"]["uid"]
     jobs.apply(_queued("high", run_for="2s", **{"kueue.x-k8s.io/priority-class": "urgent"}))
-    assert jobs.workload("high")["spec"]["priority"] == 1000
+    high = jobs.wait(lambda: jobs.workload_if_any("high"), "the Workload of high")
+    assert high["spec"]["priority"] == 1000
     evicted = jobs.wait(
         lambda: (
             (s := jobs.status("low")).get("phase") == "Suspended"
