@@ -15,6 +15,10 @@ mkdir -p "$out"
 
 log() { printf '[build-kueue %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# One build at a time per version: test sessions started together wait for the first one's binary.
+exec 9>"$out/.lock"
+flock 9
+
 if [ ! -x "$out/kueue" ] || [ ! -d "$out/crds" ] || [ ! -f "$out/webhooks.yaml" ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
