@@ -51,6 +51,9 @@ def configuration(webhook_port: int, probe_port: int, cert_dir: Path) -> dict[st
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        # The on-demand visibility API is an aggregated API server of its own, with certificates at the
+        # fixed path /visibility: nothing here uses it.
+        "featureGates": {"VisibilityOnDemand": False},
     }
 
 
