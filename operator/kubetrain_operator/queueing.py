@@ -136,6 +136,8 @@ def _true(workload: Mapping[str, Any], type_: str) -> bool:
 
 
 def read_admission(workload: Mapping[str, Any]) -> Admission:
+    """Kueue's verdict, read from the conditions Kueue's scheduler and workload controller write
+    (QuotaReserved, Admitted, Evicted, Finished) and from status.admission's flavor assignment."""
     status = workload.get("status") or {}
     admission = status.get("admission") or {}
     flavors: list[str] = []
@@ -213,4 +215,5 @@ def _conditions(workload: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def is_active(workload: Mapping[str, Any]) -> bool:
+    """spec.active, true unless set false (Kueue's default): false makes Kueue evict and not admit it."""
     return (workload.get("spec") or {}).get("active", True) is not False
