@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,3 +146,29 @@ def test_a_job_asking_more_than_the_quota_stays_queued_with_kueues_reason_in_des
     assert "insufficient quota for cpu in flavor kwok-nodes" in described
     assert jobs.status("too-big")["phase"] == "Suspended"
     assert jobs.worker_jobs("too-big") == []
+
+
+def test_suspending_a_running_queued_job_gives_its_quota_to_the_next_and_resuming_queues_it_again(
+    jobs: Jobs,
+) -> None:
+    jobs.apply(_queued("held", run_for="20s"))
+    jobs.wait_phase("held", "Running")
+    jobs.apply(_queued("next", run_for="2s"))
+    jobs.wait(lambda: jobs.status("next").get("phase") == "Suspended", "next to wait for the quota")
+    suspend = '{"spec":{"runPolicy":{"suspend":%s}}}'
+    jobs.cluster.kubectl("-n", jobs.namespace, "patch", "tj", "held", "--type=merge", "-p", suspend % "true")
+    jobs.wait_phase("next", "Succeeded", timeout=120)
+    assert jobs.workload("held")["spec"]["active"] is False
+    assert jobs.status("held")["phase"] == "Suspended"
+    jobs.cluster.kubectl("-n", jobs.namespace, "patch", "tj", "held", "--type=merge", "-p", suspend % "false")
+    done = jobs.wait_phase("held", "Succeeded", timeout=180)
+    assert done["restarts"] == 0 and done["restartAttempt"] >= 1
+
+
+def test_the_example_queue_setup_and_trainingjob_are_accepted_by_kueue(jobs: Jobs) -> None:
+    """examples/kueue/queues.yaml (what the README tells users to apply) passes Kueue's webhooks and CRD
+    validation, and the queued example TrainingJob passes ours."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for path in (examples / "kueue" / "queues.yaml", examples / "suspend-resume-queue.yaml"):
+        result = jobs.cluster.run_kubectl("apply", "--dry-run=server", "-f", str(path))
+        assert result.returncode == 0, f"{path}: {result.stderr}"
