@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, helm, and for the real node kubelet, kube-proxy and CoreDNS) from upstream Go modules,
-# once per version set.
+# once per version set; Kueue comes from hack/build-kueue.sh and is linked in as kueue and kueue-config/.
 #
 # Only the Go module proxy is reachable from our machines, so release binaries cannot be downloaded.
 # Binaries land in $KUBETRAIN_CACHE/k8s-bin/<versions>/ and a rerun with the same versions is a no-op.
@@ -92,5 +92,10 @@ build_simple kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 build_simple helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
 build_kubernetes
 build_simple coredns github.com/coredns/coredns github.com/coredns/coredns "$COREDNS_VERSION"
+# Kueue is cached under its own version key (a new Kueue must not rebuild the control plane); the links
+# make this directory hold every binary the tests need, pointing at the version KUEUE_VERSION names.
+kueue_dir=$(bash "$(dirname "$0")/build-kueue.sh" | tail -n 1)
+ln -sfn "$kueue_dir/kueue" "$out/kueue"
+ln -sfn "$kueue_dir" "$out/kueue-config"
 log "all binaries present in $(( $(date +%s) - start ))s"
 echo "$out"

@@ -20,7 +20,8 @@ changing it under a running DDP group has no safe meaning. Run and failure polic
 scheduling and pod-metadata fields (env, imagePullSecrets, nodeSelector, tolerations, affinity,
 priorityClassName, schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any
 time; scheduling and pod-metadata changes apply to workers created afterwards (the next restart attempt
-or resume), which is what queueing systems such as Kueue need when they admit a suspended job.
+or resume), which is what queueing systems such as Kueue need when they admit a suspended job (the
+Workload of a job queued in Kueue keeps the values it was created with).
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ PET_RDZV_ENDPOINT would silently redirect the rendezvous) and KUBETRAIN_* is the
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 """Container resources without a domain; anything else is hugepages-<size> or <domain>/<name>."""
 
+MANAGED_BY_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$"
+"""spec.managedBy: a domain-prefixed path, as batch/v1 Job's and JobSet's managedBy."""
+
 IMMUTABLE_SPEC_FIELDS = (
     "image",
     "imagePullPolicy",
@@ -103,6 +107,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "masterPort",
     "successPolicy",
     "gangScheduling",
+    "managedBy",
 )
 """Spec fields that cannot change after creation (enforced by CEL transition rules on `spec`)."""
 
@@ -901,9 +906,11 @@ class RunPolicy(_Model):
             "suspend true deletes the workers (their progress lives only in checkpoints) and reports phase "
             "Suspended; setting it back to false recreates them as a new restart attempt, once the old "
             "workers' pods are gone, without using the restart budget, and restarts the "
-            "activeDeadlineSeconds clock. Queueing systems such as Kueue "
-            "create jobs suspended and admit them by setting false: such a job's first group is attempt 0, "
-            "as nothing was replaced. Default false. Mutable."
+            "activeDeadlineSeconds clock. Queueing systems create jobs suspended and admit them by setting "
+            "false: such a job's first group is attempt 0, as nothing was replaced. A job labelled "
+            "kueue.x-k8s.io/queue-name is also kept Suspended until Kueue admits its Workload (and suspended "
+            "again when Kueue evicts it); suspend true deactivates its Workload, giving its quota back. "
+            "Default false. Mutable."
         ),
     )
 
@@ -1230,6 +1237,18 @@ class TrainingJobSpec(_Model):
             "Immutable."
         ),
     )
+    managed_by: str | None = Field(
+        None,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description=(
+            f"managedBy names the controller that reconciles this TrainingJob, as a domain-prefixed path. "
+            f"Unset or {constants.MANAGED_BY_CONTROLLER}: the kubetrain operator. Any other value: the "
+            "kubetrain operator leaves the object alone (creates no workers, writes no status), so another "
+            "controller, such as Kueue's MultiKueue dispatching it to a worker cluster, can run it. "
+            "Default: unset. Immutable."
+        ),
+    )
     success_policy: Literal["AllWorkers", "Worker0"] = Field(
         "AllWorkers",
         description=(
@@ -1304,6 +1323,10 @@ class TrainingJobSpec(_Model):
         if isinstance(value, int) and value < 1:
             raise ValueError('nprocPerWorker must be an integer >= 1 or "auto"')
         return value
+
+    def managed_by_kubetrain(self) -> bool:
+        """Whether the kubetrain operator reconciles this TrainingJob (spec.managedBy unset or ours)."""
+        return self.managed_by in (None, constants.MANAGED_BY_CONTROLLER)
 
     def procs_per_worker(self) -> int:
         """nprocPerWorker resolved: auto is the GPU count per worker, or 1 without GPUs."""

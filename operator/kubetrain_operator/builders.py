@@ -40,6 +40,17 @@ class Owner:
 
 
 @dataclasses.dataclass(frozen=True)
+class Placement:
+    """What a queueing system's admission adds to every worker pod (Kueue: the assigned ResourceFlavors'
+    node labels and tolerations, see queueing.placement). The spec's own values stay; on a node-selector
+    key both name, the admission wins (the quota it granted is for that flavor's nodes)."""
+
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Context:
     """Everything a builder needs: the owner, its validated spec, the attempt and operator defaults."""
 
@@ -50,6 +61,8 @@ class Context:
     default_service_account: str | None = None
     """Workers' ServiceAccount when spec.serviceAccountName is empty (the chart's kubetrain-worker, which
     may patch its own pod's progress annotation); None leaves the namespace's default account."""
+    placement: Placement | None = None
+    """The admission's additions to the worker pods; None when no queueing system admitted the job."""
 
 
 RESTRICTED_POD_SECURITY: dict[str, Any] = {
@@ -278,7 +291,7 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
-    optional = {
+    optional: dict[str, Any] = {
         "nodeSelector": spec.node_selector,
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations or ()],
         "affinity": spec.affinity.model_dump(by_alias=True, exclude_none=True) if spec.affinity else None,
@@ -286,10 +299,15 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
         "schedulerName": spec.scheduler_name,
         "serviceAccountName": spec.service_account_name or ctx.default_service_account,
     }
+    if ctx.placement is not None:
+        optional["nodeSelector"] = {**(spec.node_selector or {}), **ctx.placement.node_selector}
+        optional["tolerations"] += [t for t in ctx.placement.tolerations if t not in optional["tolerations"]]
     pod_spec.update({k: v for k, v in optional.items() if v})
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
     labels = {**(spec.pod_labels or {}), **worker_labels(ctx.owner.name, ctx.restart_attempt, index)}
+    if ctx.placement is not None:
+        labels.update(ctx.placement.labels)
     annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
     gang = spec.gang_scheduling
     if gang is not None:

@@ -38,9 +38,14 @@ from kubetrain_operator import constants
 Key = tuple[str, str]
 """(namespace, name) of a TrainingJob."""
 
-CHILD_KINDS = ("Service", "Job", "Pod")
+CHILD_KINDS = ("Service", "Job", "Pod", "Workload")
+"""Kinds filed under their TrainingJob. Workloads (Kueue's) are watched only where Kueue is installed."""
+CLUSTER_KINDS = ("ResourceFlavor",)
+"""Cluster-scoped kinds kept by name, shared by every TrainingJob (Kueue's ResourceFlavors)."""
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 POD_SPEC_KEPT = ("nodeName", "schedulerName")
+WORKLOAD_SPEC_KEPT = ("active", "queueName")
+"""A Workload's pod sets are the operator's own building: only what Kueue or a user may change is kept."""
 
 
 def owner_name(body: Mapping[str, Any]) -> str | None:
@@ -67,6 +72,8 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     spec = body.get("spec") or {}
     if kind == "Pod":
         out["spec"] = {key: spec[key] for key in POD_SPEC_KEPT if key in spec}
+    elif kind == "Workload":
+        out["spec"] = {key: spec[key] for key in WORKLOAD_SPEC_KEPT if key in spec}
     elif kind not in ("Job", "Service"):
         out["spec"] = spec
     if "status" in body:
@@ -107,6 +114,7 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._trainingjobs: dict[Key, dict[str, Any]] = {}
         self._children: dict[str, dict[Key, dict[str, dict[str, Any]]]] = {kind: {} for kind in CHILD_KINDS}
+        self._cluster: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in CLUSTER_KINDS}
         self._placed: dict[tuple[str, str], Key] = {}
         """(kind, uid) -> the TrainingJob key its copy is filed under (to move or drop it)."""
 
@@ -115,6 +123,11 @@ class ClusterCache:
     def observe(self, body: Mapping[str, Any]) -> Key | None:
         """Store (or replace with) a slim copy of `body`; return the TrainingJob it concerns, if any."""
         kind, namespace, name, uid = _identity(body)
+        if kind in CLUSTER_KINDS and name:
+            with self._lock:
+                if _supersedes(body, self._cluster[kind].get(name)):
+                    self._cluster[kind][name] = slim(body)
+            return None
         if not namespace or not name:
             return None
         if kind == constants.KIND:
@@ -146,6 +159,10 @@ class ClusterCache:
     def forget(self, body: Mapping[str, Any]) -> Key | None:
         """Drop a deleted object; return the TrainingJob it concerned, if any."""
         kind, namespace, name, uid = _identity(body)
+        if kind in CLUSTER_KINDS and name:
+            with self._lock:
+                self._cluster[kind].pop(name, None)
+            return None
         if not namespace or not name:
             return None
         if kind == constants.KIND:
@@ -199,6 +216,8 @@ class ClusterCache:
         with self._lock:
             if kind == constants.KIND:
                 cached = list(self._trainingjobs.items())
+            elif kind in CLUSTER_KINDS:
+                cached = [(("", name), body) for name, body in self._cluster[kind].items()]
             else:
                 groups = self._children[kind].items()
                 cached = [(key, body) for key, group in groups for body in group.values()]
@@ -216,6 +235,9 @@ class ClusterCache:
             if kind == constants.KIND:
                 current = self._trainingjobs.get((meta.get("namespace"), meta.get("name")))
                 return current is not None and current["metadata"].get("uid") == meta.get("uid")
+            if kind in CLUSTER_KINDS:
+                current = self._cluster[kind].get(meta.get("name", ""))
+                return current is not None and current["metadata"].get("uid") == meta.get("uid")
             return (kind, meta.get("uid")) in self._placed
 
     # ------------------------------------------------------------ reading
@@ -223,6 +245,11 @@ class ClusterCache:
     def trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self._trainingjobs.get((namespace, name))
+
+    def cluster_objects(self, kind: str) -> dict[str, dict[str, Any]]:
+        """The cached cluster-scoped objects of `kind` by name (a copy of the index, objects shared)."""
+        with self._lock:
+            return dict(self._cluster[kind])
 
     def children(self, namespace: str, name: str, kind: str) -> list[dict[str, Any]]:
         """The cached objects of `kind` filed under the TrainingJob `name` (any owner uid: the planner

@@ -2,7 +2,7 @@
 
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
                        [--worker-service-account SA [--worker-cluster-role CLUSTERROLE]]
-                       [--liveness URL] [--leader-elect]
+                       [--liveness URL] [--leader-elect] [--no-kueue]
                        [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--leader-election-id", default=env.leader_election_id, help="name of the Lease")
     op.add_argument(
+        "--no-kueue",
+        dest="kueue",
+        action="store_false",
+        default=env.kueue,
+        help="never use Kueue, even where its Workload API is served (for RBAC without Kueue's objects)",
+    )
+    op.add_argument(
         "--resync-seconds",
         type=float,
         default=env.resync_seconds,
@@ -232,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             leader_election_id=args.leader_election_id,
             allowed_volume_types=args.allowed_volume_types,
             allowed_service_accounts=args.allowed_service_accounts,
+            kueue=args.kueue,
         )
         run(options)
         return 0

@@ -26,6 +26,9 @@ MANAGED_BY = "kubetrain"
 
 RESERVED_LABEL_PREFIX = "kubetrain.io/"
 
+MANAGED_BY_CONTROLLER = "kubetrain.io/trainingjob-controller"
+"""spec.managedBy of TrainingJobs the kubetrain operator reconciles (the same as leaving it unset)."""
+
 ANNOTATION_JOB_NAME = "kubetrain.io/job-full-name"
 """The owning TrainingJob's full name, for humans when the label had to be hashed."""
 
@@ -45,6 +48,19 @@ VOLCANO_SCHEDULER = "volcano"
 COSCHEDULING_PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+
+# Kueue (kueue.x-k8s.io): TrainingJob is one of Kueue's external frameworks and the operator is its job
+# controller, keeping one Workload per queued TrainingJob (see queueing.py).
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API = f"{KUEUE_GROUP}/v1beta2"
+"""The Workload API version the operator writes: the storage version of Kueue 0.19."""
+KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
+KUEUE_PRIORITY_LABEL = f"{KUEUE_GROUP}/priority-class"
+"""A WorkloadPriorityClass name, as Kueue's own integrations read it from a job's labels."""
+KUEUE_PODSET_LABEL = f"{KUEUE_GROUP}/podset"
+KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
+KUEUE_EXTERNAL_FRAMEWORK = f"{KIND}.{VERSION}.{GROUP}"
+"""The name to list in Kueue's integrations.externalFrameworks."""
 
 # The images the project builds (hack/build-images.sh, Dockerfile.operator, Dockerfile.trainer): one name
 # each, everywhere (chart defaults, examples, docs); tests/examples/test_image_names.py holds them together.

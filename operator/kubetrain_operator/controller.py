@@ -71,6 +71,13 @@ ROUTINE_MAX_WAIT = 30.0
 """Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
 DEFERRED_STATUS_DELAY = 0.5
 """Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
+QUEUED_STATUS_DELAY = 2.0
+"""Seconds a new queued TrainingJob's first status write waits after its Kueue Workload is created. Kueue
+admits a Workload that fits at once, and that admission's watch event brings the reconcile creating the
+workers and writing their status: a job admitted at once never writes "Suspended: queued" (two status
+writes and two events fewer). A job that does not fit hears from Kueue (QuotaReserved False, with the
+reason) through the same watch; this delay only bounds how long a job Kueue says nothing about shows no
+phase."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 
@@ -376,6 +383,9 @@ class Controller:
             if refused[0] == body["metadata"].get("resourceVersion"):
                 return Outcome(invalid=refused[1])  # any write would be refused again: said once already
             del self._refused[(namespace, name)]
+        if not reconcile.managed_here(body):
+            self.forget(namespace, name)  # another controller runs it: no status, no children, no metrics
+            return Outcome()
         pod_group = None
         gang = (body.get("spec") or {}).get("gangScheduling") or {}
         if gang.get("provider") in GANG_APIS:  # rare: not worth a watch, read when asked for
@@ -388,6 +398,8 @@ class Controller:
             jobs=self.cache.children(namespace, name, "Job"),
             pods=self.cache.children(namespace, name, "Pod"),
             pod_group=pod_group,
+            workloads=self.cache.children(namespace, name, "Workload"),
+            flavors=self.cache.cluster_objects("ResourceFlavor"),
         )
         plan = reconcile.plan(observed, self.clock(), self.defaults)
         outcome = Outcome(plan=plan)
@@ -400,6 +412,9 @@ class Controller:
         )
         if creations_only:
             if not self._create_all(body, plan, outcome):
+                return outcome
+            if not stored.get("phase") and any(m["kind"] == "Workload" for m in plan.create):
+                self.schedule((namespace, name), QUEUED_STATUS_DELAY)  # see QUEUED_STATUS_DELAY
                 return outcome
             if self._urgent_queued():
                 # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
@@ -417,6 +432,8 @@ class Controller:
                 self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation, deletion.uid)
             if not self._create_all(body, plan, outcome):
                 return outcome
+        if not self._write_workload(observed, plan):
+            return outcome
         self._post_plan_events(body, plan)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background", uid)
@@ -429,6 +446,41 @@ class Controller:
             self._active[(namespace, name)] = phase not in ("Succeeded", "Failed", "Suspended")
             self.metrics.active.set(sum(self._active.values()))
         return outcome
+
+    def _write_workload(self, observed: reconcile.Observed, plan: reconcile.Plan) -> bool:
+        """Apply the plan's changes to the Kueue Workload: spec.active, then its status, guarded by the
+        resourceVersion observed (Kueue writes it too: a stale read is planned again from the news).
+        False when the Workload changed meanwhile."""
+        workload = observed.workload
+        if workload is None or (plan.workload_spec is None and plan.workload_status is None):
+            return True
+        meta = workload["metadata"]
+        try:
+            if plan.workload_spec is not None:
+                workload = self.kube.patch(
+                    "Workload",
+                    meta["namespace"],
+                    meta["name"],
+                    {"spec": plan.workload_spec},
+                    resource_version=meta.get("resourceVersion"),
+                )
+                self.cache.observe(workload)
+            if plan.workload_status is not None:
+                written = self.kube.patch(
+                    "Workload",
+                    meta["namespace"],
+                    meta["name"],
+                    {"status": plan.workload_status},
+                    subresource="status",
+                    resource_version=workload["metadata"].get("resourceVersion"),
+                )
+                self.cache.observe(written)
+        except kube.ApiError as exc:
+            if not (exc.conflict or exc.not_found):
+                raise
+            plan.requeue_after = CONFLICT_RETRY
+            return False
+        return True
 
     def _urgent_queued(self) -> bool:
         with self._lock:
@@ -477,8 +529,9 @@ class Controller:
         return written
 
     def _create_all(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
-        """Create the plan's objects: a gang-scheduling PodGroup first (no worker pod may wait for a
-        missing group), then the Service and Jobs concurrently. False when the spec cannot work."""
+        """Create the plan's objects: a gang-scheduling PodGroup or a Kueue Workload first (no worker pod
+        may wait for a missing group), then the Service and Jobs concurrently. False when the spec cannot
+        work."""
         first = [m for m in plan.create if m["kind"] not in ("Service", "Job")]
         rest = [m for m in plan.create if m["kind"] in ("Service", "Job")]
         try:
@@ -518,11 +571,13 @@ class Controller:
         maybe killed, reconcile). An object of that name that this TrainingJob does not control (a deleted
         namesake's, not yet collected, or anyone else's) is never claimed: ApiError 409."""
         try:
+            if manifest["kind"] == "Workload":
+                manifest = self._with_priority(manifest)
             return self.kube.create(manifest)
         except kube.ApiError as exc:
             if exc.conflict:
                 return self._existing(manifest, exc)
-            if exc.not_found and manifest["kind"] not in ("Job", "Service"):
+            if exc.not_found and manifest["kind"] == "PodGroup":
                 raise kube.ApiError(
                     404,
                     "NotFound",
@@ -532,6 +587,25 @@ class Controller:
             if exc.invalid:
                 raise InvalidChildError(manifest, exc.message) from exc
             raise
+
+    def _with_priority(self, workload: dict[str, Any]) -> dict[str, Any]:
+        """The Workload with spec.priority, the value of the class its priorityClassRef names (a read
+        only for jobs that name one, once per TrainingJob), as Kueue's integrations set it."""
+        ref = workload["spec"].get("priorityClassRef")
+        if ref is None:
+            return workload
+        url = (
+            f"/apis/{constants.KUEUE_API}/workloadpriorityclasses/{ref['name']}"
+            if ref["kind"] == "WorkloadPriorityClass"
+            else f"/apis/scheduling.k8s.io/v1/priorityclasses/{ref['name']}"
+        )
+        try:
+            value = self.kube.request("GET", url).get("value", 0)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                raise kube.ApiError(404, "NotFound", f"{ref['kind']} {ref['name']} does not exist") from exc
+            raise
+        return {**workload, "spec": {**workload["spec"], "priority": value}}
 
     def _existing(self, manifest: dict[str, Any], exc: kube.ApiError) -> dict[str, Any]:
         meta = manifest["metadata"]

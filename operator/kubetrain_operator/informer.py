@@ -1,4 +1,5 @@
-"""Informers: list-then-watch threads that keep the cache's Services, Jobs and Pods current.
+"""Informers: list-then-watch threads that keep the cache's Services, Jobs and Pods current (and, where
+Kueue is installed, the TrainingJobs' Workloads and Kueue's ResourceFlavors).
 
 Why not kopf for these: kopf gives every event of every object its own asyncio worker, body views,
 cause detection and handler invocation, about a millisecond of CPU per event. A TrainingJob's group
@@ -24,7 +25,7 @@ from fnmatch import fnmatch
 from typing import Any
 
 from kubetrain_operator import constants, kube
-from kubetrain_operator.cache import CHILD_KINDS, ClusterCache, Key
+from kubetrain_operator.cache import CHILD_KINDS, CLUSTER_KINDS, ClusterCache, Key
 
 logger = logging.getLogger("kubetrain.operator")
 
@@ -44,6 +45,9 @@ MIN_WATCH_SECONDS = 1.0
 
 Scope = tuple[str | None, Callable[[str], bool]]
 """A namespace to list and watch (None: all) and the test of which namespaces in it are watched."""
+
+CLUSTER_SCOPE: Scope = (None, lambda namespace: True)
+"""The scope of a cluster-scoped kind: its objects have no namespace ("")."""
 
 
 def scopes(namespaces: list[str] | None) -> list[Scope]:
@@ -73,6 +77,8 @@ class Informer:
         self.cache = cache
         self.kind = kind
         self.namespace, self.in_scope = scope
+        self.label_selector = None if kind in CLUSTER_KINDS else constants.LABEL_JOB_NAME
+        """Children carry the job-name label; cluster-scoped kinds are Kueue's, every one of them read."""
         self.on_change = on_change
         self.synced = threading.Event()
         self._stopped = threading.Event()
@@ -114,7 +120,7 @@ class Informer:
         versions: list[str] = []
 
         def pages() -> Iterator[tuple[list[dict[str, Any]], str]]:
-            listing = self.kube.list_pages(self.kind, self.namespace, constants.LABEL_JOB_NAME, LIST_PAGE)
+            listing = self.kube.list_pages(self.kind, self.namespace, self.label_selector, LIST_PAGE)
             for items, version in listing:
                 versions.append(version)
                 yield items, version
@@ -127,7 +133,7 @@ class Informer:
         """Apply watch events from `version` on until the server ends the stream; returns the last version
         seen. Raises _ExpiredError when the server no longer has `version`."""
         try:
-            for event in self.kube.watch(self.kind, self.namespace, constants.LABEL_JOB_NAME, version):
+            for event in self.kube.watch(self.kind, self.namespace, self.label_selector, version):
                 version = self.apply(event) or version
                 if self._stopped.is_set():
                     break
@@ -147,8 +153,8 @@ class Informer:
                 raise _ExpiredError
             raise kube.ApiError(obj.get("code") or 0, obj.get("reason") or "Error", obj.get("message") or "")
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        namespace = (obj.get("metadata") or {}).get("namespace")
-        if type_ == "BOOKMARK" or not namespace or not self.in_scope(namespace):
+        namespace = (obj.get("metadata") or {}).get("namespace") or ""
+        if type_ == "BOOKMARK" or not self.in_scope(namespace):
             return version
         obj.setdefault("kind", self.kind)
         key = self.cache.forget(obj) if type_ == "DELETED" else self.cache.observe(obj)
@@ -161,14 +167,18 @@ class Informer:
 
 
 def informers(
-    client: kube.Kube, cache: ClusterCache, namespaces: list[str] | None, on_change: Callable[[Key], None]
+    client: kube.Kube,
+    cache: ClusterCache,
+    namespaces: list[str] | None,
+    on_change: Callable[[Key], None],
+    kueue: bool = False,
 ) -> list[Informer]:
-    """One informer per child kind and scope."""
-    return [
-        Informer(client, cache, kind, scope, on_change)
-        for kind in CHILD_KINDS
-        for scope in scopes(namespaces)
-    ]
+    """One informer per child kind and scope; with `kueue`, Workloads too, and one for ResourceFlavors."""
+    kinds = [kind for kind in CHILD_KINDS if kueue or kind != "Workload"]
+    out = [Informer(client, cache, kind, scope, on_change) for kind in kinds for scope in scopes(namespaces)]
+    if kueue:
+        out += [Informer(client, cache, kind, CLUSTER_SCOPE, on_change) for kind in CLUSTER_KINDS]
+    return out
 
 
 def when_synced(started: list[Informer], then: Callable[[], None]) -> None:

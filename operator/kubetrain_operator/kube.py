@@ -24,6 +24,8 @@ JOB_PATHS = {
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
     constants.KIND: (f"/apis/{constants.GROUP}/{constants.VERSION}", constants.PLURAL),
+    "Workload": (f"/apis/{constants.KUEUE_API}", "workloads"),
+    "ResourceFlavor": (f"/apis/{constants.KUEUE_API}", "resourceflavors"),
 }
 
 
@@ -275,6 +277,37 @@ class Kube:
         except ApiError as exc:
             if not (exc.not_found or (uid and exc.conflict)):
                 raise
+
+    def serves(self, api_version: str) -> bool:
+        """Whether the API server serves `api_version` (group/version), e.g. an installed CRD's."""
+        try:
+            self.request("GET", f"/apis/{api_version}")
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    def patch(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        subresource: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch an object (or its `subresource`); with resource_version, fail on a stale read."""
+        if resource_version:
+            body = {**body, "metadata": {"resourceVersion": resource_version}}
+        return self.request(
+            "PATCH",
+            path(kind, namespace, name, subresource),
+            query=[("fieldManager", constants.FIELD_MANAGER)],
+            body=body,
+            content_type="application/merge-patch+json",
+        )
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None

@@ -31,6 +31,8 @@ Options come from CLI flags with environment fallbacks (for the Deployment):
   its renew deadline (see `leader`). The only HA mode: kopf runs standalone, because kopf's peering
   pauses only kopf's own watches while the informers, the queue and the reconcile threads of a paused
   replica would go on acting from a frozen cache.
+- `--no-kueue` (env KUBETRAIN_KUEUE=false): never use Kueue; by default the operator manages the Workloads
+  of TrainingJobs labelled kueue.x-k8s.io/queue-name wherever Kueue's Workload API is served at start.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Options:
     leader_election_id: str = leader.DEFAULT_LEASE_NAME
     allowed_volume_types: list[str] | None = None
     allowed_service_accounts: list[str] | None = None
+    kueue: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Options:
@@ -102,6 +105,7 @@ class Options:
             leader_election_id=env.get("KUBETRAIN_LEADER_ELECTION_ID", cls.leader_election_id),
             allowed_volume_types=_names(env.get("KUBETRAIN_ALLOWED_VOLUME_TYPES")),
             allowed_service_accounts=_names(env.get("KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS")),
+            kueue=env.get("KUBETRAIN_KUEUE", "true").lower() not in ("0", "false", "no"),
         )
 
     def policy(self) -> admission.Policy:
@@ -162,6 +166,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         identities = workeridentity.WorkerIdentities(
             client, options.worker_service_account, options.worker_cluster_role
         )
+    # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
+    # operator restart, and until then a queued TrainingJob waits, saying so.
+    kueue = options.kueue and client.serves(constants.KUEUE_API)
     controller = Controller(
         client,
         ClusterCache(),
@@ -170,6 +177,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
             service_account=options.worker_service_account,
             resync_seconds=options.resync_seconds,
             policy=options.policy(),
+            kueue=kueue,
         ),
         metrics=Metrics.create(),
         workers=options.workers,
@@ -185,6 +193,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         controller.cache,
         controller.namespaces,
         lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+        kueue=kueue,
     )
     controller.ready.clear()
     for child_informer in children:
@@ -201,8 +210,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo["events"] = poster
     memo["informers"] = children
     logger.info(
-        "kubetrain operator watching %s",
+        "kubetrain operator watching %s; Kueue %s",
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
+        f"found ({constants.KUEUE_API} served)" if kueue else "not installed",
     )
 
 

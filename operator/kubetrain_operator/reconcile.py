@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubetrain_operator import admission, api, builders, constants, failure, names, observe
+from kubetrain_operator import admission, api, builders, constants, failure, names, observe, queueing
 from kubetrain_operator import status as st
 
 STALE_GRACE_SECONDS = 120.0
@@ -75,9 +75,15 @@ class Observed:
     spec: Mapping[str, Any]
     status: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     generation: int | None = None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The TrainingJob's labels: kueue.x-k8s.io/queue-name asks Kueue to admit it (see queueing)."""
     service: Mapping[str, Any] | None = None
     pod_group: Mapping[str, Any] | None = None
     """The gang-scheduling PodGroup, when spec.gangScheduling asks for one and it exists."""
+    workload: Mapping[str, Any] | None = None
+    """The Kueue Workload this TrainingJob controls, when it is queued and the Workload exists."""
+    flavors: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """Kueue's ResourceFlavors by name (cluster-scoped, shared by every job)."""
     jobs: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] = ()
     taken: Sequence[tuple[str, str]] = ()
@@ -93,6 +99,8 @@ class Observed:
         jobs: Sequence[Mapping[str, Any]],
         pods: Sequence[Mapping[str, Any]],
         pod_group: Mapping[str, Any] | None = None,
+        workloads: Sequence[Mapping[str, Any]] = (),
+        flavors: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Observed:
         """Keep the children this TrainingJob controls; note the names others hold."""
         meta = body.get("metadata", {})
@@ -104,6 +112,7 @@ class Observed:
         if pod_group is not None and not observe.controlled_by(pod_group, uid):
             others.append(("PodGroup", pod_group))
             pod_group = None
+        others += [("Workload", w) for w in workloads if not observe.controlled_by(w, uid)]
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", "default"),
@@ -111,8 +120,11 @@ class Observed:
             spec=body.get("spec") or {},
             status=body.get("status") or {},
             generation=meta.get("generation"),
+            labels=meta.get("labels") or {},
             service=next((s for s in services if observe.controlled_by(s, uid)), None),
             pod_group=pod_group,
+            workload=next((w for w in workloads if observe.controlled_by(w, uid)), None),
+            flavors=flavors or {},
             jobs=own_jobs,
             # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
             pods=[p for p in pods if observe.controller_uid(p) in job_uids],
@@ -133,6 +145,11 @@ class Plan:
     """Reconcile again after this many seconds even without events (deadline, TTL, waiting)."""
     transitions: list[str] = dataclasses.field(default_factory=list)
     """Phase-level happenings for metrics: created, restarted, succeeded, failed."""
+    workload_spec: dict[str, Any] | None = None
+    """A merge patch of the Workload's spec (spec.active follows spec.runPolicy.suspend)."""
+    workload_status: dict[str, Any] | None = None
+    """The Workload's new status (released after eviction, or Finished); the shell writes it guarded by
+    the Workload's resourceVersion, after the TrainingJob's status."""
 
     def status_changed(self, stored: Mapping[str, Any]) -> bool:
         return st.normalised(dict(stored)) != st.normalised(self.status)
@@ -147,6 +164,15 @@ class Defaults:
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
     policy: admission.Policy = dataclasses.field(default_factory=admission.Policy)
+    kueue: bool = False
+    """Whether the cluster serves Kueue's Workload API (checked when the operator starts)."""
+
+
+def managed_here(body: Mapping[str, Any]) -> bool:
+    """Whether the kubetrain operator reconciles this TrainingJob: spec.managedBy is unset or names it.
+    Any other controller's TrainingJob is left alone entirely, as the Job controller leaves a Job whose
+    managedBy names another (Kueue's MultiKueue runs such jobs on worker clusters)."""
+    return (body.get("spec") or {}).get("managedBy") in (None, constants.MANAGED_BY_CONTROLLER)
 
 
 def spec_error(exc: pydantic.ValidationError) -> str:
@@ -234,6 +260,12 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             for j in stale
             if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
         ]
+        if obs.workload is not None and not queueing.read_admission(obs.workload).finished:
+            # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
+            # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
+            out.workload_status = queueing.finished(
+                obs.workload, phase == "Succeeded", status.get("message") or str(phase), now
+            )
         ttl = spec.run_policy.ttl_seconds_after_finished
         finished = observe.parse_time(status.get("completionTime"))
         if ttl is not None and finished is not None:
@@ -258,8 +290,10 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
         return out
 
-    # 3. Suspended: remove the workers; resume starts a fresh attempt (not a restart).
-    if spec.run_policy.suspend:
+    # 3. Suspended, by spec.runPolicy.suspend or until Kueue admits the job: remove the workers; resume
+    # (or admission) starts a fresh attempt, not a restart.
+    queue = _queueing(obs, spec, status=status, defaults=defaults, out=out, now=now)
+    if spec.run_policy.suspend or queue.hold is not None:
         current = [j for j in obs.jobs if j not in stale]
         if current:
             status["restartAttempt"] = attempt + 1
@@ -269,17 +303,31 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         status["pendingMessage"] = None
         status["workers"] = st.worker_counts(())
         status["workersReady"] = f"0/{spec.workers}"
-        message = (
-            f"suspended: deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
-            if obs.jobs
-            else "suspended: no workers are running"
-        )
-        if st.enter_phase(status, "Suspended", "Suspended", message, now):
-            out.events.append(Event("Normal", "Suspended", message))
+        stopping = f"deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
+        if spec.run_policy.suspend or queue.hold is None:
+            reason, message = (
+                "Suspended",
+                f"suspended: {stopping}" if obs.jobs else "suspended: no workers are running",
+            )
+        else:
+            reason, message = queue.hold
+            if obs.jobs:
+                message = f"{message}; {stopping}"
+        before = st.get_condition(status, "Suspended") or {}
+        if st.enter_phase(status, "Suspended", reason, message, now) or before.get("reason") != reason:
+            out.events.append(Event("Normal", reason, message))
+        st.set_condition(status, "Suspended", True, reason, message, now)
+        status["message"] = message
         return out
     if st.is_true(status, "Suspended"):
-        st.set_condition(status, "Suspended", False, "Resumed", "resumed: recreating the workers", now)
-        out.events.append(Event("Normal", "Resumed", "resumed: recreating the workers"))
+        reason, message = "Resumed", "resumed: recreating the workers"
+        if queue.admitted_by is not None:
+            reason, message = (
+                "Admitted",
+                f"admitted by ClusterQueue {queue.admitted_by}: creating the workers",
+            )
+        st.set_condition(status, "Suspended", False, reason, message, now)
+        out.events.append(Event("Normal", reason, message))
 
     # 4. Deadline.
     started = observe.parse_time(status.get("startTime"))
@@ -343,6 +391,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         restart_attempt=attempt,
         default_image=defaults.image,
         default_service_account=defaults.service_account,
+        placement=queue.placement,
     )
     if obs.service is None:
         out.create.append(builders.build_service(ctx))
@@ -419,6 +468,82 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
     out.requeue_after = requeue
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Queued:
+    """Where a TrainingJob stands with Kueue."""
+
+    hold: tuple[str, str] | None = None
+    """(reason, message) while Kueue has not admitted it: it stays Suspended, with no workers."""
+    placement: builders.Placement | None = None
+    """What the admission adds to the worker pods."""
+    admitted_by: str | None = None
+    """The ClusterQueue that admitted it."""
+
+
+def _queueing(
+    obs: Observed,
+    spec: api.TrainingJobSpec,
+    *,
+    status: dict[str, Any],
+    defaults: Defaults,
+    out: Plan,
+    now: datetime,
+) -> _Queued:
+    """Kueue's verdict on a TrainingJob labelled kueue.x-k8s.io/queue-name, and the Workload writes it
+    needs (see queueing). The label counts when the job is new or suspended, or has its Workload: adding
+    it to a job already running outside any queue does not stop that job."""
+    queue = queueing.queue_name(obs.labels)
+    if queue is None or (obs.workload is None and status.get("phase") not in (None, "Suspended")):
+        return _Queued()
+    if not defaults.kueue:
+        return _Queued(
+            hold=(
+                "KueueNotInstalled",
+                f"labelled {constants.KUEUE_QUEUE_LABEL}={queue}, but this cluster served no Kueue Workload "
+                f"API ({constants.KUEUE_API}) when the operator started: install Kueue with "
+                f"{constants.KUEUE_EXTERNAL_FRAMEWORK} in its integrations.externalFrameworks, then restart "
+                "the operator",
+            )
+        )
+    name = queueing.workload_name(obs.name)
+    if obs.workload is None:
+        if ("Workload", name) in set(obs.taken):
+            return _Queued(
+                hold=("Queued", f"waiting for Workload {name} of an earlier TrainingJob to be deleted")
+            )
+        ctx = builders.Context(
+            owner=builders.Owner(obs.name, obs.namespace, obs.uid),
+            spec=spec,
+            default_image=defaults.image,
+            default_service_account=defaults.service_account,
+        )
+        out.create.append(queueing.build_workload(ctx, queue, obs.labels))
+        return _Queued(
+            hold=("Queued", f"queued in LocalQueue {queue} as Workload {name}: waiting for Kueue to admit it")
+        )
+    if queueing.is_active(obs.workload) == spec.run_policy.suspend:
+        out.workload_spec = {"active": not spec.run_policy.suspend}
+    verdict = queueing.read_admission(obs.workload)
+    if verdict.evicted is not None:
+        evicted, why = verdict.evicted
+        if verdict.reserved and not obs.jobs:
+            out.workload_status = queueing.released(obs.workload, verdict, now)
+        return _Queued(
+            hold=(
+                "Evicted",
+                f"evicted by Kueue ({evicted}: {why}); waiting in LocalQueue {queue} to be admitted again, "
+                "then resuming from the last checkpoint",
+            )
+        )
+    if not verdict.admitted:
+        return _Queued(hold=("Queued", f"queued in LocalQueue {queue}: {verdict.waiting}"))
+    placement = queueing.placement(verdict, obs.flavors)
+    if isinstance(placement, str):
+        out.requeue_after = WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
+        return _Queued(hold=("Queued", placement))
+    return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
 
 
 REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")

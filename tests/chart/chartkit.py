@@ -42,6 +42,19 @@ OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
     ),
 )
 
+KUEUE_NEEDS: tuple[tuple[str, str, str], ...] = (
+    # kueue.enabled: one Workload per queued TrainingJob, watched into the cache, created, its spec.active
+    # and status (released after eviction, Finished) merge-patched.
+    *(("kueue.x-k8s.io", "workloads", verb) for verb in ("get", "list", "watch", "create", "patch")),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+)
+KUEUE_CLUSTER_NEEDS: tuple[tuple[str, str, str], ...] = (
+    *(("kueue.x-k8s.io", "resourceflavors", verb) for verb in ("list", "watch")),
+    ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
+)
+"""kueue.enabled, cluster-scoped: flavors' node labels and tolerations, the priority a queued job names."""
+
 CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
     ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")
 )

@@ -26,6 +26,8 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
+    KUEUE_CLUSTER_NEEDS,
+    KUEUE_NEEDS,
     LEADER_NEEDS_BY_NAME,
     NOT_NEEDED,
     OPERATOR_NEEDS,
@@ -208,9 +210,14 @@ def test_upgrade_with_changed_values_rolls_the_deployment_and_swaps_cluster_rbac
     assert "--all-namespaces" not in container["args"]
     assert "--workers=4" in container["args"]
     assert "--default-image=ghcr.io/kubetrain/kubetrain-trainer:0.1.1" in container["args"]
-    # Narrowing the scope takes the cluster-wide grant away and puts a Role where the operator now works.
-    assert not cluster.kubectl("get", "clusterrole,clusterrolebinding", "--ignore-not-found",
-                               "-l", f"app.kubernetes.io/instance={release}", "-o", "name")  # fmt: skip
+    # Narrowing the scope takes the cluster-wide grant away and puts a Role where the operator now works;
+    # only the read of Kueue's cluster-scoped objects (kueue.enabled) stays cluster-wide.
+    cluster_wide = cluster.kubectl("get", "clusterrole,clusterrolebinding", "--ignore-not-found",
+                                   "-l", f"app.kubernetes.io/instance={release}", "-o", "name")  # fmt: skip
+    assert sorted(cluster_wide.split()) == [
+        f"clusterrole.rbac.authorization.k8s.io/{fullname(release)}-kueue",
+        f"clusterrolebinding.rbac.authorization.k8s.io/{fullname(release)}-kueue",
+    ]
     role = get_json(cluster, "role", fullname(release), "-n", other_namespace)
     assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == release
     history = yaml.safe_load(chart.run("history", release, "--namespace", namespace, "-o", "yaml"))
@@ -326,8 +333,10 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
         whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:{fullname(release)}"
     )
 
-    needed: list[Check] = [(other_namespace, *need) for need in OPERATOR_NEEDS]
+    needed: list[Check] = [(other_namespace, *need) for need in (*OPERATOR_NEEDS, *KUEUE_NEEDS)]
     needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
+    # kueue.enabled (the default): Kueue's ResourceFlavors and priority classes are cluster-scoped.
+    needed += [(None, *need) for need in KUEUE_CLUSTER_NEEDS]
     refused = [
         *((other_namespace, "", resource, verb) for resource in FORBIDDEN_RESOURCES if resource != "nodes"
           for verb in ("get", "list", "watch", "create")),
@@ -335,7 +344,7 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
         # Not watched: its own namespace and any other.
         *((namespace, *need) for need in OPERATOR_NEEDS),
         *(("default", *need) for need in OPERATOR_NEEDS),
-        # Nothing cluster-scoped at all.
+        # Nothing else cluster-scoped.
         *((None, *need) for need in CLUSTER_WIDE_NEEDS),
         (None, "", "namespaces", "list"),
         (None, "", "nodes", "list"),
@@ -358,8 +367,8 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     chart.install(release, namespace, {"replicas": 2, "leaderElection": {"enabled": True}})
     kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
     everywhere = (namespace, other_namespace, "default")
-    needed: list[Check] = [(ns, *need) for ns in everywhere for need in OPERATOR_NEEDS]
-    needed += [(None, *need) for need in CLUSTER_WIDE_NEEDS]
+    needed: list[Check] = [(ns, *need) for ns in everywhere for need in (*OPERATOR_NEEDS, *KUEUE_NEEDS)]
+    needed += [(None, *need) for need in (*CLUSTER_WIDE_NEEDS, *KUEUE_CLUSTER_NEEDS)]
     # Leader election: its Lease in the release namespace, by name; no other Lease anywhere.
     needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
     refused: list[Check] = [

@@ -16,6 +16,8 @@ from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
+    KUEUE_CLUSTER_NEEDS,
+    KUEUE_NEEDS,
     LEADER_NEEDS_BY_NAME,
     OPERATOR_NEEDS,
     REPO_ROOT,
@@ -34,7 +36,7 @@ from kubetrain_operator import cli
 
 pytestmark = pytest.mark.unit
 
-NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"], "kueue": {"enabled": False}}
 LEADER = {"replicas": 2, "leaderElection": {"enabled": True}}
 CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 VALUE_SETS = {
@@ -76,6 +78,8 @@ def test_default_install_watches_all_namespaces_with_one_cluster_role(helm_bin: 
         | set(CLUSTER_WIDE_NEEDS)
         | set(WORKER_IDENTITY_NEEDS)
         | set(WORKER_ROLE_NEEDS_BY_NAME)
+        | set(KUEUE_NEEDS)
+        | set(KUEUE_CLUSTER_NEEDS)
     )
     by_name = [rule for rule in role["rules"] if rule.get("resourceNames")]
     assert by_name == [
@@ -111,6 +115,18 @@ def test_watch_namespaces_get_one_role_each_and_nothing_cluster_scoped(
     args = operator_container(objects)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
+    assert "--no-kueue" in args
+
+
+def test_watch_namespaces_with_kueue_read_kueues_cluster_objects_through_a_cluster_role_of_their_own(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    objects = render(helm_bin, tmp_path, {**NAMESPACED, "kueue": {"enabled": True}})
+    for role in operator_objects(objects, "Role"):
+        assert granted(role["rules"]) == set(OPERATOR_NEEDS) | set(KUEUE_NEEDS)
+    assert granted(only(objects, "ClusterRole")["rules"]) == set(KUEUE_CLUSTER_NEEDS)
+    assert only(objects, "ClusterRoleBinding")["roleRef"]["name"].endswith("-kueue")
+    assert "--no-kueue" not in operator_container(objects)["args"]
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())

@@ -214,3 +214,51 @@ def test_events_wait_while_the_controller_is_busy_with_new_jobs() -> None:
     assert poster.flush()
     assert posted == ["R"]
     poster.stop()
+
+
+def _flavor(name: str, version: int, uid: str = "f-uid") -> dict[str, Any]:
+    return {
+        "apiVersion": constants.KUEUE_API,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name, "uid": uid, "resourceVersion": str(version)},
+        "spec": {"nodeLabels": {"pool": name}},
+    }
+
+
+def test_resource_flavors_are_kept_by_name_for_every_trainingjob_and_wake_none() -> None:
+    cache = ClusterCache()
+    assert cache.observe(_flavor("a", 5)) is None
+    assert cache.observe(_flavor("a", 4)) is None  # older: ignored
+    assert cache.cluster_objects("ResourceFlavor")["a"]["metadata"]["resourceVersion"] == "5"
+    cache.forget(_flavor("a", 6))
+    assert cache.cluster_objects("ResourceFlavor") == {}
+
+
+def test_a_flavor_deleted_while_the_watch_was_broken_is_dropped_by_the_next_listing() -> None:
+    cache = ClusterCache()
+    cache.observe(_flavor("gone", 5, uid="g"))
+    cache.sweep("ResourceFlavor", [([_flavor("kept", 7, uid="k")], "9")], lambda namespace: True)
+    assert sorted(cache.cluster_objects("ResourceFlavor")) == ["kept"]
+
+
+def test_a_workload_is_filed_under_its_trainingjob_with_only_what_the_planner_reads() -> None:
+    workload = {
+        "apiVersion": constants.KUEUE_API,
+        "kind": "Workload",
+        "metadata": {
+            "name": "demo",
+            "namespace": NS,
+            "uid": "wl",
+            "resourceVersion": "3",
+            "ownerReferences": [
+                {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": "demo"}
+            ],
+        },
+        "spec": {"queueName": "team", "active": True, "podSets": [{"name": "workers", "count": 4}]},
+        "status": {"conditions": []},
+    }
+    cache = ClusterCache()
+    assert cache.observe(workload) == (NS, "demo")
+    [kept] = cache.children(NS, "demo", "Workload")
+    assert kept["spec"] == {"queueName": "team", "active": True}
+    assert kept["status"] == {"conditions": []}

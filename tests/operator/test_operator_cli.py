@@ -102,7 +102,15 @@ def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
     assert {h.selector.any_name for h in indexing} == {"trainingjobs"}
 
 
-def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("kueue_served", "watched"),
+    [
+        (False, ["Job", "Pod", "Service"]),
+        (True, ["Job", "Pod", "ResourceFlavor", "Service", "Workload"]),
+    ],
+)
+def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, watched: list[str]) -> None:
+    """Kueue's Workloads and ResourceFlavors are watched only where the cluster serves Kueue's API."""
     import logging
 
     import kopf
@@ -111,6 +119,10 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoApi:
         def __init__(self, **_: object) -> None:
             pass
+
+        def serves(self, api_version: str) -> bool:
+            assert api_version == "kueue.x-k8s.io/v1beta2"
+            return kueue_served
 
         def create(self, manifest: dict[str, object]) -> None:
             raise AssertionError("no request expected")
@@ -129,8 +141,9 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         assert memo["controller"].workers == 3
         assert memo["cache"] is memo["controller"].cache
         assert settings.watching.chunk_size == main.LIST_CHUNK
-        assert sorted(i.kind for i in memo["informers"]) == ["Job", "Pod", "Service"]
-        assert {i.namespace for i in memo["informers"]} == {"default"}
+        assert sorted(i.kind for i in memo["informers"]) == watched
+        assert {i.namespace for i in memo["informers"] if i.kind != "ResourceFlavor"} == {"default"}
+        assert memo["controller"].defaults.kueue is kueue_served
     finally:
         for each in memo["informers"]:
             each.stop()

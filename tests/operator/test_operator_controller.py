@@ -13,7 +13,7 @@ from kubetrain_operator import admission, api, builders, constants, informer, ku
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
-from operator_fakes import NS, pod, service, trainingjob
+from operator_fakes import NS, pod, service, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -166,6 +166,26 @@ class FakeKube:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._watch(obj)
+        return copy.deepcopy(obj)
+
+    def patch(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        subresource: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """A merge patch one level deep (spec or status keys), as the operator writes Workloads."""
+        self.calls.append(f"patch {kind} {subresource or 'spec'}")
+        obj = self.objects[(kind, namespace, name)]
+        if resource_version is not None and resource_version != obj["metadata"]["resourceVersion"]:
+            raise kube.ApiError(409, "Conflict", "the object has been modified")
+        for part, values in body.items():
+            obj[part] = {**(obj.get(part) or {}), **values}
+        self._bump(obj)
         return copy.deepcopy(obj)
 
     # --- a tiny Job controller + kubelet
@@ -812,3 +832,62 @@ def test_a_missing_worker_cluster_role_is_reported_in_status_naming_the_flag() -
         _provisioning_controller(fake, cluster_role="absent").reconcile(NS, "demo")
     assert "ClusterRole absent (--worker-cluster-role) does not exist" in fake.status()["pendingMessage"]
     assert not [kind for kind, _ in fake.creations if kind == "Job"]
+
+
+def test_a_trainingjob_managed_by_another_controller_is_left_alone() -> None:
+    """spec.managedBy naming another controller (Kueue's MultiKueue, say): no child, no status, no event."""
+    fake = _fake_with_job(trainer_spec(managedBy="kueue.x-k8s.io/multikueue"))
+    outcome = _controller(fake).reconcile(NS, "demo")
+    assert outcome.plan is None and not outcome.gone
+    assert fake.calls == [] and fake.events == []
+    assert fake.status() == {}
+
+
+def _requests_for_a_whole_run(queued: bool) -> list[str]:
+    """The operator's API writes (creations, patches, deletions, events) for one 2-worker TrainingJob
+    from creation to success; a queued one is admitted by (this test playing) Kueue as soon as its
+    Workload exists, the common case of a queue with room."""
+    fake = FakeKube()
+    body = trainingjob()
+    if queued:
+        body["metadata"]["labels"] = {constants.KUEUE_QUEUE_LABEL: "team"}
+    fake.put(body)
+    ctl = Controller(
+        fake,  # type: ignore[arg-type]
+        fake.cache,
+        defaults=reconcile.Defaults(image="img:test", kueue=True),
+        metrics=Metrics.create(),
+        clock=lambda: NOW,
+    )
+    fake.put(
+        {"apiVersion": constants.KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": "f", "uid": "f"}}
+    )
+    ctl.reconcile(NS, "demo")
+    if queued:
+        workload = fake.objects[("Workload", NS, "demo")]
+        workload["status"] = {
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [{"name": "workers", "flavors": {"cpu": "f"}}],
+            },
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": ""},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""},
+            ],
+        }
+        fake._bump(workload)
+        ctl.reconcile(NS, "demo")
+    for phase in ("Running", "Succeeded"):
+        fake.run_pods(phase)
+        ctl.reconcile(NS, "demo")
+    ctl.reconcile(NS, "demo")
+    return fake.calls + [f"event {e['reason']}" for e in fake.events]
+
+
+def test_kueue_costs_a_job_admitted_at_once_two_requests_its_workload_and_finishing_it() -> None:
+    """The figure of issue 12 part 3: the Kueue integration's extra API requests per TrainingJob."""
+    plain, queued = _requests_for_a_whole_run(False), _requests_for_a_whole_run(True)
+    extra = list(queued)
+    for call in plain:
+        extra.remove(call)
+    assert sorted(extra) == ["create Workload demo", "patch Workload status"]

@@ -22,6 +22,7 @@ REQUIRED = (
     "kubelet",
     "kube-proxy",
     "coredns",
+    "kueue",
 )
 
 

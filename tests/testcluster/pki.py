@@ -135,3 +135,36 @@ def create_pki(directory: Path) -> ClusterPki:
         )
     )
     return pki
+
+
+@dataclass(frozen=True)
+class ServingPair:
+    """A CA and a serving certificate for 127.0.0.1, named as controller-runtime's cert dir wants."""
+
+    directory: Path
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+
+def create_serving_pair(directory: Path, common_name: str) -> ServingPair:
+    """A CA of its own and a serving pair for 127.0.0.1 and localhost in `directory` (tls.crt, tls.key,
+    ca.crt): for a webhook server the API server reaches on the loopback address."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(f"{common_name}-ca")
+    ca = _issue(subject=ca_name, key=ca_key, issuer=ca_name, issuer_key=ca_key, is_ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(
+        subject=_name(common_name),
+        key=key,
+        issuer=ca_name,
+        issuer_key=ca_key,
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    pair = ServingPair(directory, directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    pair.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
+    return pair

@@ -123,11 +123,33 @@ creating (only) the workers' ServiceAccount and RoleBinding where they run.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- range .Values.gangSchedulers }}
 - apiGroups: [{{ get (dict "volcano" "scheduling.volcano.sh" "scheduler-plugins" "scheduling.x-k8s.io") . | quote }}]
   resources: ["podgroups"]
   verbs: ["get", "create"]
 {{- end }}
+{{- end }}
+
+{{/* Kueue's cluster-scoped objects the operator reads: ResourceFlavors (watched: their node labels and
+tolerations go on admitted workers) and the priority classes a queued TrainingJob names. */}}
+{{- define "kubetrain.kueueClusterRules" -}}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
 {{- end }}
 
 {{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}

@@ -1,0 +1,174 @@
+"""Kueue admits TrainingJobs as one unit: quota, queueing, preemption and Kueue's reasons, end to end.
+
+An unmodified Kueue release (hack/build-kueue.sh) runs beside the control plane with TrainingJob in its
+externalFrameworks; kwok plays the kubelet (tests/testcluster/kwok.yaml). The ClusterQueue's quota is 4
+CPUs: one job of 4 workers at 1 CPU each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kueue_support import FLAVOR_LABELS, FLAVOR_TOLERATION
+from testcluster.cluster import Cluster
+from testcluster.manifests import trainingjob
+from testcluster.operator_process import OperatorProcess
+from testcluster.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _queued(name: str, *, workers: int = 4, run_for: str = "1s", **labels: str) -> dict[str, Any]:
+    manifest = trainingjob(
+        name,
+        workers=workers,
+        annotations={"sim.kubetrain.io/run-for": run_for},
+        resources={"requests": {"cpu": "1"}},
+    )
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", **labels}
+    return manifest
+
+
+class Jobs:
+    """kubectl on one namespace, waiting with the operator's log as the explanation."""
+
+    def __init__(self, cluster: Cluster, namespace: str, operator: OperatorProcess) -> None:
+        self.cluster, self.namespace, self.operator = cluster, namespace, operator
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.cluster.kubectl("-n", self.namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.cluster.kubectl("-n", self.namespace, "get", *args, "-o", "json"))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get("trainingjob", name).get("status") or {}
+
+    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 90) -> Any:
+        return wait_for(
+            predicate, what, timeout, explain=lambda: f"operator log:\n{self.operator.log_tail()}"
+        )
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+        return self.wait(
+            lambda: (s := self.status(name)).get("phase") == phase and s, f"{name} to be {phase}", timeout
+        )
+
+    def worker_jobs(self, name: str) -> list[dict[str, Any]]:
+        return self.get("jobs", "-l", f"kubetrain.io/job-name={name}")["items"]
+
+    def workload(self, name: str) -> dict[str, Any]:
+        return self.get("workloads.kueue.x-k8s.io", name)
+
+    def workload_if_any(self, name: str) -> dict[str, Any] | None:
+        found = self.get("workloads.kueue.x-k8s.io", "--field-selector", f"metadata.name={name}")["items"]
+        return found[0] if found else None
+
+
+@pytest.fixture
+def jobs(kueue_cluster: Cluster, queue_namespace: str, kueue_operator: OperatorProcess) -> Jobs:
+    return Jobs(kueue_cluster, queue_namespace, kueue_operator)
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or () if c["type"] == type_), {})
+
+
+def test_a_second_job_waits_suspended_while_the_first_holds_the_quota_then_runs(jobs: Jobs) -> None:
+    jobs.apply(_queued("first", run_for="20s"))
+    jobs.wait_phase("first", "Running")
+    jobs.apply(_queued("second"))
+    queued = jobs.wait(
+        lambda: (
+            (s := jobs.status("second")).get("phase") == "Suspended"
+            and "queued in LocalQueue team" in s.get("message", "")
+            and s
+        ),
+        "second to wait Suspended, saying it is queued",
+    )
+    assert _condition({"status": queued}, "Suspended")["reason"] == "Queued"
+    assert jobs.status("first")["phase"] == "Running"
+    assert jobs.worker_jobs("second") == []
+
+    # One Workload for the whole group, admitted with the flavor's node labels and tolerations on every pod.
+    [pod_set] = jobs.workload("first")["spec"]["podSets"]
+    assert pod_set["count"] == 4
+    pods = jobs.get("pods", "-l", "kubetrain.io/job-name=first")["items"]
+    assert len(pods) == 4
+    for pod in pods:
+        assert FLAVOR_LABELS.items() <= pod["spec"]["nodeSelector"].items()
+        assert FLAVOR_TOLERATION in pod["spec"]["tolerations"]
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "workers"
+
+    jobs.wait_phase("first", "Succeeded", timeout=120)
+    assert _condition(jobs.workload("first"), "Finished")["status"] == "True"
+    jobs.wait_phase("second", "Succeeded", timeout=120)
+
+
+def test_a_higher_priority_job_preempts_a_running_one_which_later_resumes_and_finishes(jobs: Jobs) -> None:
+    jobs.apply(_queued("low", run_for="20s"))
+    jobs.wait_phase("low", "Running")
+    first_uid = jobs.worker_jobs("low")[0]["metadata"]["uid"]
+    jobs.apply(_queued("high", run_for="2s", **{"kueue.x-k8s.io/priority-class": "urgent"}))
+    high = jobs.wait(lambda: jobs.workload_if_any("high"), "the Workload of high")
+    assert high["spec"]["priority"] == 1000
+    evicted = jobs.wait(
+        lambda: (
+            (s := jobs.status("low")).get("phase") == "Suspended"
+            and "Preempted" in s.get("message", "")
+            and s
+        ),
+        "low to be suspended by Kueue's preemption",
+    )
+    assert "evicted by Kueue" in evicted["message"]
+    jobs.wait_phase("high", "Succeeded", timeout=120)
+    done = jobs.wait_phase("low", "Succeeded", timeout=180)
+    # Resumed as a new attempt (its checkpoints keyed by the same job), not counted as a restart.
+    assert done["restarts"] == 0 and done["restartAttempt"] >= 1
+    assert all(j["metadata"]["uid"] != first_uid for j in jobs.worker_jobs("low"))
+    reasons = {
+        e["reason"] for e in jobs.get("events", "--field-selector", "involvedObject.name=low")["items"]
+    }
+    assert {"Evicted", "Admitted"} <= reasons
+
+
+def test_a_job_asking_more_than_the_quota_stays_queued_with_kueues_reason_in_describe(jobs: Jobs) -> None:
+    jobs.apply(_queued("too-big", workers=8))
+    jobs.wait(
+        lambda: "insufficient quota for cpu" in jobs.status("too-big").get("message", ""),
+        "Kueue's reason in the TrainingJob's status",
+    )
+    described = jobs.cluster.kubectl("-n", jobs.namespace, "describe", "trainingjob", "too-big")
+    assert "insufficient quota for cpu in flavor kwok-nodes" in described
+    assert jobs.status("too-big")["phase"] == "Suspended"
+    assert jobs.worker_jobs("too-big") == []
+
+
+def test_suspending_a_running_queued_job_gives_its_quota_to_the_next_and_resuming_queues_it_again(
+    jobs: Jobs,
+) -> None:
+    jobs.apply(_queued("held", run_for="20s"))
+    jobs.wait_phase("held", "Running")
+    jobs.apply(_queued("next", run_for="2s"))
+    jobs.wait(lambda: jobs.status("next").get("phase") == "Suspended", "next to wait for the quota")
+    suspend = '{"spec":{"runPolicy":{"suspend":%s}}}'
+    jobs.cluster.kubectl("-n", jobs.namespace, "patch", "tj", "held", "--type=merge", "-p", suspend % "true")
+    jobs.wait_phase("next", "Succeeded", timeout=120)
+    assert jobs.workload("held")["spec"]["active"] is False
+    assert jobs.status("held")["phase"] == "Suspended"
+    jobs.cluster.kubectl("-n", jobs.namespace, "patch", "tj", "held", "--type=merge", "-p", suspend % "false")
+    done = jobs.wait_phase("held", "Succeeded", timeout=180)
+    assert done["restarts"] == 0 and done["restartAttempt"] >= 1
+
+
+def test_the_example_queue_setup_and_trainingjob_are_accepted_by_kueue(jobs: Jobs) -> None:
+    """examples/kueue/queues.yaml (what the README tells users to apply) passes Kueue's webhooks and CRD
+    validation, and the queued example TrainingJob passes ours."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for path in (examples / "kueue" / "queues.yaml", examples / "suspend-resume-queue.yaml"):
+        result = jobs.cluster.run_kubectl("apply", "--dry-run=server", "-f", str(path))
+        assert result.returncode == 0, f"{path}: {result.stderr}"
