@@ -582,7 +582,9 @@ def test_watching_all_namespaces_the_operator_is_given_the_workers_cluster_role_
         helm_bin, tmp_path, {"workerServiceAccount": {"create": False, "name": "x", "namespaces": []}}
     )
     assert [o["metadata"]["name"] for o in of_kind(off, "ClusterRole")] == ["kt-kubetrain"]
-    assert granted(only(off, "ClusterRole")["rules"]) == set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS)
+    assert granted(only(off, "ClusterRole")["rules"]) == (
+        set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS) | set(KUEUE_NEEDS) | set(KUEUE_CLUSTER_NEEDS)
+    )
     assert not [arg for arg in operator_container(off)["args"] if arg.startswith("--worker-")]
 
 
