@@ -82,10 +82,27 @@ def _read_store(obs_jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[st
     return observe.read_worker(-1, 0, job, [p for p in pods if is_rendezvous(p)])
 
 
-def _replacement_message(worker: Worker, attempt: int, restarts: int, limit: int) -> str:
-    return (
-        f"{failure.describe_failure(worker)}; replacing worker {worker.index} alone as attempt {attempt} "
-        f"(restart {restarts} of {limit})"
+def decide_failure(spec: api.TrainingJobSpec, worker: Worker, restarts: int) -> failure.Decision:
+    """What one failed worker of an elastic group means, given `restarts` spent so far: "restart" (replace
+    it alone, as restart `restarts + 1`) or "fail". Shared by the operator and `kubetrain run --local`."""
+    what = failure.describe_failure(worker)
+    if not spec.failure_policy.is_retryable(worker.exit_code):
+        return failure.Decision(
+            "fail", "NonRetryableExitCode", f"{what}: the exit code is non-retryable (failurePolicy)", worker
+        )
+    limit = spec.run_policy.max_restarts
+    if restarts >= limit:
+        return failure.Decision(
+            "fail",
+            "RestartLimitExceeded",
+            f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+            worker,
+        )
+    return failure.Decision(
+        "restart",
+        "WorkerReplaced",
+        f"{what}; replacing worker {worker.index} alone (restart {restarts + 1} of {limit})",
+        worker,
     )
 
 
@@ -161,28 +178,16 @@ def plan(
     # 6. Failures: replace each failed worker alone, within the budget; non-retryable codes fail the job.
     failed = [m for m in members if m.phase == "failed"]
     if failed and not finished:
-        permanent = [m for m in failed if not spec.failure_policy.is_retryable(m.exit_code)]
-        if permanent:
-            blamed = permanent[0]
-            return fail(
-                "NonRetryableExitCode",
-                f"{failure.describe_failure(blamed)}: the exit code is non-retryable (failurePolicy)",
-                blamed,
-            )
-        for member in failed:
-            if restarts >= limit:
-                return fail(
-                    "RestartLimitExceeded",
-                    f"{failure.describe_failure(member)}; the restart budget is spent ({restarts} of "
-                    f"maxRestarts {limit})",
-                    member,
-                )
+        # A non-retryable code anywhere is the root cause; the other failures are usually its peers.
+        for member in sorted(failed, key=lambda m: spec.failure_policy.is_retryable(m.exit_code)):
+            decision = decide_failure(spec, member, restarts)
+            if decision.action == "fail":
+                return fail(decision.reason, decision.message, member)
             counter += 1
             restarts += 1
             attempts[member.index] = counter
-            message = _replacement_message(member, counter, restarts, limit)
-            status["lastFailure"] = reconcile._failure_record(member, member.attempt, message)
-            out.events.append(reconcile.Event("Warning", "WorkerReplaced", message))
+            status["lastFailure"] = reconcile._failure_record(member, member.attempt, decision.message)
+            out.events.append(reconcile.Event("Warning", decision.reason, decision.message))
             out.transitions.append("restarted")
         members = [
             m if m.phase != "failed" else Worker(m.index, attempts[m.index], "missing") for m in members
