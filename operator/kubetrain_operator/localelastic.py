@@ -48,9 +48,34 @@ class Member:
     tail: collections.deque[str]
     stream: threading.Thread
 
+    pod_name: str
+
+    def signal(self, sig: int) -> None:
+        """Signal the whole worker, as a container's end reaches every process in its cgroup: torchrun's
+        agent and the trainer processes it starts in sessions of their own."""
+        for pid in {self.process.pid, *_container_pids(self.pod_name)}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if pid == self.process.pid:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+
     def termination_message(self) -> str:
         recorded = self.termination_log.read_text(encoding="utf-8", errors="replace")
         return recorded or "".join(self.tail)
+
+
+def _container_pids(pod_name: str) -> list[int]:
+    """The processes whose environment names this worker's pod (KUBETRAIN_POD_NAME, unique per worker
+    and attempt): locally, the environment is what a pod's cgroup is, the one handle on processes that
+    left the agent's process group. Empty where there is no /proc."""
+    marker = f"{contract.POD_NAME}={pod_name}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+    return pids
 
 
 def manifest_workers(path: Path, spec: api.TrainingJobSpec) -> Callable[[], int]:
@@ -161,7 +186,7 @@ class ElasticRun:
         tail: collections.deque[str] = collections.deque(maxlen=localrun.LOG_TAIL_LINES)
         stream = threading.Thread(target=self._stream, args=(index, process, tail), daemon=True)
         stream.start()
-        member = Member(index, attempt, process, termination_log, tail, stream)
+        member = Member(index, attempt, process, termination_log, tail, stream, manifest["metadata"]["name"])
         self.members[index] = member
         self.say(f"started worker {index} (attempt {attempt}, pid {process.pid})")
         return member
@@ -175,13 +200,11 @@ class ElasticRun:
                 self.out.flush()
 
     def stop(self, member: Member) -> None:
-        """SIGTERM the worker's process group, SIGKILL what is left after the grace period (the kubelet)."""
-        for sig, grace in ((signal.SIGTERM, localrun.STOP_GRACE_SECONDS), (signal.SIGKILL, None)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(member.process.pid, sig)
-            if grace is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    member.process.wait(timeout=grace)
+        """SIGTERM the worker, SIGKILL what is left of it after the grace period (the kubelet's way)."""
+        member.signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            member.process.wait(timeout=localrun.STOP_GRACE_SECONDS)
+        member.signal(signal.SIGKILL)
         member.process.wait()
         member.stream.join(timeout=5)
 
@@ -199,22 +222,26 @@ def run_local_elastic(
     job: api.TrainingJob,
     directories: Mapping[str, Path],
     out: TextIO = sys.stdout,
+    *,
     desired: Callable[[], int] | None = None,
+    capacity: Callable[[], int] | None = None,
     on_start: Callable[[Member], None] | None = None,
 ) -> localrun.LocalResult:
-    """Run an elastic job here until it succeeds or fails; `desired` says spec.workers as it is now."""
+    """Run an elastic job here until it succeeds or fails.
+
+    `desired` says spec.workers as it is now (default: the spec's); `capacity` how many workers this
+    machine can run now (default: all), the local stand-in for free nodes: a worker beyond it waits,
+    as an unschedulable pod does, and starts when capacity returns. `on_start` sees every started worker.
+    """
     spec = job.spec
     assert spec.elastic is not None
     for directory in directories.values():
         directory.mkdir(parents=True, exist_ok=True)
     run = ElasticRun(job, directories, out, localrun.free_port())
     counter = restarts = 0
+    attempts: dict[int, int] = {}
+    """Each waiting worker's attempt: a replacement's is fixed when its predecessor fails."""
     finished = False
-
-    def start(index: int, attempt: int) -> None:
-        member = run.start(index, attempt)
-        if on_start is not None:
-            on_start(member)
 
     def result(phase: str, reason: str, message: str) -> localrun.LocalResult:
         run.stop_all()
@@ -224,14 +251,12 @@ def run_local_elastic(
         if not run.wait_for_store():
             return result("Failed", "RendezvousLost", "the rendezvous store process did not start")
         run.say(f"rendezvous store on 127.0.0.1:{run.port}")
-        for index in range(spec.workers):
-            start(index, counter)
         while True:
-            time.sleep(POLL_SECONDS)
             if run.store.poll() is not None:
                 return result("Failed", "RendezvousLost", "the rendezvous store process exited")
             for member in [m for m in run.members.values() if m.process.poll() is not None]:
                 del run.members[member.index]
+                member.signal(signal.SIGKILL)  # the container ended: nothing of it lives on
                 code = member.process.returncode
                 code = code if code >= 0 else 128 - code
                 if code == 0:
@@ -251,11 +276,12 @@ def run_local_elastic(
                     return result("Failed", decision.reason, decision.message)
                 restarts += 1
                 counter += 1
+                attempts[member.index] = counter
                 run.say(decision.message)
-                start(member.index, counter)
             if finished:
                 if not run.members:
                     return result("Succeeded", "TrainingFinished", "training finished")
+                time.sleep(POLL_SECONDS)
                 continue
             wanted = desired() if desired is not None else spec.workers
             removed = sorted(i for i in run.members if i >= wanted)
@@ -265,7 +291,11 @@ def run_local_elastic(
                 for index in removed:
                     run.stop(run.members.pop(index))
             for index in range(wanted):
-                if index not in run.members:
-                    start(index, counter)
+                room = capacity() if capacity is not None else wanted
+                if index not in run.members and len(run.members) < room:
+                    member = run.start(index, attempts.pop(index, counter))
+                    if on_start is not None:
+                        on_start(member)
+            time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
         return result("Failed", "Interrupted", "interrupted; every worker was stopped")
