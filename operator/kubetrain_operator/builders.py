@@ -438,6 +438,11 @@ def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
         "priorityClassName": ctx.spec.priority_class_name,
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
+    pod_metadata = {
+        # Like the workers' pods: mesh and network-policy labels and annotations concern the store too.
+        "labels": {**(ctx.spec.pod_labels or {}), **labels},
+        "annotations": {**(ctx.spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name},
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -446,6 +451,6 @@ def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": 0,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     }

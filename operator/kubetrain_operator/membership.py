@@ -153,11 +153,11 @@ def plan(
         return out
 
     # 5. The rendezvous store: lost while workers rely on it, the group starts over.
-    store_lost = store is None or store.phase == "failed" or store.deleting
+    store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
     if store_lost and live and not finished:
         why = "the rendezvous store's Job is missing"
         if store is not None:
-            why = f"the rendezvous store failed: {store.reason or 'unknown reason'}"
+            why = f"the rendezvous store ended: {store.reason or store.phase}"
         return restart_group("RendezvousLost", why)
     if store is None or store.deleting:
         # A new group (first start, after a restart or a resume): the old Jobs go first, the store's

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 from kubetrain_operator import api, localelastic, localrun
-from trainer_helpers import SAMPLE_TARBALL
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+SAMPLE_TARBALL = Path(__file__).resolve().parents[2] / "examples" / "data" / "cifar10-sample.tar.gz"
 
 EPOCHS = 3
 BATCH = 8
