@@ -1040,6 +1040,12 @@ def _elastic_rules() -> list[dict[str, str]]:
             "string(self.elastic.maxWorkers)",
         ),
         _cel(
+            "!has(self.elastic) || !has(self.gangScheduling)",
+            "spec.elastic and spec.gangScheduling cannot be combined yet: a gang of a changing size is not "
+            "designed",
+            ".gangScheduling",
+        ),
+        _cel(
             "!has(self.elastic) || !has(self.command) || self.launcher != 'plain'",
             "spec.elastic needs spec.launcher torchrun: torchrun runs the rendezvous",
             ".launcher",
@@ -1366,6 +1372,11 @@ class TrainingJobSpec(_Model):
             )
         if self.command is not None and self.launcher == "plain":
             raise ValueError("spec.elastic needs spec.launcher torchrun: torchrun runs the rendezvous")
+        if self.gang_scheduling is not None:
+            raise ValueError(
+                "spec.elastic and spec.gangScheduling cannot be combined yet: a gang of a changing size is "
+                "not designed"
+            )
         return self
 
     @model_validator(mode="after")
