@@ -127,7 +127,7 @@ def plan(
     members = read_members(attempts, obs.jobs, obs.pods)
     store = _read_store(obs.jobs, obs.pods)
     stale = stale_jobs(attempts, obs.jobs)
-    live = [m for m in members if m.phase in ("pending", "running")]
+    present = [m for m in members if m.phase != "missing"]
     finished = any(m.phase == "succeeded" for m in members)
 
     def restart_group(reason: str, message: str) -> reconcile.Plan:
@@ -152,9 +152,9 @@ def plan(
         out.requeue_after = reconcile.WAIT_SECONDS
         return out
 
-    # 5. The rendezvous store: lost while workers rely on it, the group starts over.
+    # 5. The rendezvous store: lost while workers of this group exist, the group starts over.
     store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
-    if store_lost and live and not finished:
+    if store_lost and present and not finished:
         why = "the rendezvous store's Job is missing"
         if store is not None:
             why = f"the rendezvous store ended: {store.reason or store.phase}"

@@ -224,6 +224,14 @@ def test_losing_the_rendezvous_store_restarts_the_whole_group() -> None:
     assert p.create == []
 
 
+def test_losing_the_store_and_every_worker_together_is_a_counted_restart_too() -> None:
+    jobs = [job(i) for i in range(3)]
+    pods = [pod(i, phase="Failed", pod_reason="NodeLost") for i in range(3)]
+    p = plan(status=RUNNING, jobs=jobs, pods=pods, store=False)
+    assert p.status["phase"] == "Restarting" and p.status["restarts"] == 1
+    assert p.create == []
+
+
 def test_a_restarted_group_waits_for_the_old_jobs_then_starts_whole_at_the_new_attempt() -> None:
     status = dict(RUNNING, restarts=1, restartAttempt=1, elastic=None, phase="Restarting")
     waiting = plan(status=status, jobs=[job(0, deleting="2026-01-01T00:59:30Z")], store=False)
