@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubetrain_operator import api, localelastic, localrun
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(1800)]
+"""Real training on 2 shared cores: a run took up to 10 minutes under a load average of 20."""
 
 SAMPLE_TARBALL = Path(__file__).resolve().parents[2] / "examples" / "data" / "cifar10-sample.tar.gz"
 
