@@ -1035,9 +1035,6 @@ def _elastic_rules() -> list[dict[str, str]]:
             "self.elastic.maxWorkers)",
             "spec.workers must lie between spec.elastic.minWorkers and spec.elastic.maxWorkers",
             ".workers",
-            "'spec.workers ' + string(self.workers) + ' must lie between spec.elastic.minWorkers ' + "
-            "string(self.elastic.minWorkers) + ' and spec.elastic.maxWorkers ' + "
-            "string(self.elastic.maxWorkers)",
         ),
         _cel(
             "!has(self.elastic) || !has(self.gangScheduling)",
@@ -1519,13 +1516,14 @@ class ElasticStatus(_Model):
         description="worldSize is the number of training processes the running workers hold (members x "
         "nprocPerWorker); torchrun forms its group from them at the next rendezvous.",
     )
-    worker_attempts: dict[str, int] | None = Field(
+    worker_attempts: list[int] | None = Field(
         None,
         description=(
-            "workerAttempts maps a worker index to the attempt its current Job carries "
+            "workerAttempts lists, by worker index, the attempt each worker's current Job carries "
             "(`<trainingjob>-r<attempt>-w<index>`): a replaced worker gets a new attempt, the others keep "
-            "theirs. Indices not listed carry restartAttempt."
+            "theirs. A worker beyond the list (scaled up) starts at restartAttempt."
         ),
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
 
 

@@ -4,9 +4,10 @@ A fixed-size group restarts whole because DDP cannot lose a rank. An elastic gro
 c10d rendezvous, whose store lives in a pod of its own (`builders.build_rendezvous_job`), so the
 survivors of a lost worker re-rendezvous by themselves; the operator only keeps the membership whole:
 
-- Each worker index has its own attempt (status.elastic.workerAttempts, default status.restartAttempt),
-  which names its Job `<base>-r<attempt>-w<index>`. A worker that fails with a retryable code gets a new
-  attempt (status.restartAttempt is the counter, so names never repeat) and a new Job; no other worker
+- Each worker index has its own attempt (status.elastic.workerAttempts; a new index starts at
+  status.restartAttempt), which names its Job `<base>-r<attempt>-w<index>`. A worker that fails with a
+  retryable code gets a new attempt (status.restartAttempt is the counter, so names never repeat) and a
+  new Job; no other worker
   is touched. Each replacement counts one restart against runPolicy.maxRestarts; the failure that finds
   the budget spent fails the job with reason RestartLimitExceeded, naming the worker and its exit code.
   A non-retryable code fails the job at once, as in a fixed-size group.
@@ -41,10 +42,11 @@ Fail = Callable[[str, str, Worker | None], "reconcile.Plan"]
 
 
 def worker_attempts(status: Mapping[str, Any], workers: int) -> dict[int, int]:
-    """The attempt of each wanted worker index's current Job."""
+    """The attempt of each wanted worker index's current Job. Kept as a list, which a status merge patch
+    replaces whole (a map's removed keys would linger)."""
     counter = int(status.get("restartAttempt") or 0)
-    recorded = (status.get("elastic") or {}).get("workerAttempts") or {}
-    return {index: int(recorded.get(str(index), counter)) for index in range(workers)}
+    recorded = (status.get("elastic") or {}).get("workerAttempts") or []
+    return {index: int(recorded[index]) if index < len(recorded) else counter for index in range(workers)}
 
 
 def is_rendezvous(obj: Mapping[str, Any]) -> bool:
@@ -216,7 +218,7 @@ def plan(
     status["restarts"] = restarts
     elastic: dict[str, Any] = {
         **(status.get("elastic") or {}),
-        "workerAttempts": {str(i): a for i, a in attempts.items() if a != counter} or None,
+        "workerAttempts": [attempts[index] for index in range(spec.workers)],
     }
     status["elastic"] = elastic
 

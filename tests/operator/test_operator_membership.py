@@ -122,8 +122,7 @@ def test_a_retryable_failure_replaces_that_worker_alone(lost: int) -> None:
     assert created(p) == [f"demo-r1-w{lost}"]
     assert deleted(p) == [f"demo-r0-w{lost}"]
     assert (p.status["restarts"], p.status["restartAttempt"]) == (1, 1)
-    survivors = {str(i): 0 for i in range(3) if i != lost}
-    assert p.status["elastic"]["workerAttempts"] == survivors
+    assert p.status["elastic"]["workerAttempts"] == [1 if i == lost else 0 for i in range(3)]
     assert p.status["lastFailure"]["worker"] == lost and p.status["lastFailure"]["exitCode"] == 11
     assert p.status["phase"] == "Running", "two of minWorkers 2 still run"
     assert "WorkerReplaced" in reasons(p) and "restarted" in p.transitions
@@ -147,6 +146,32 @@ def test_after_a_replacement_nothing_is_created_or_deleted_twice() -> None:
     assert again.status["restarts"] == 1
 
 
+def merge_patch(stored: Any, patch: Any) -> Any:
+    """RFC 7386, as the operator writes status: maps merge key by key (null deletes), lists are replaced."""
+    if not isinstance(patch, dict) or not isinstance(stored, dict):
+        return copy.deepcopy(patch)
+    out = dict(stored)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+@pytest.mark.parametrize("lost", [0, 2])
+def test_a_replacement_survives_the_status_merge_patch_and_is_not_undone(lost: int) -> None:
+    pods = [pod(i, phase="Failed", exit_code=11) if i == lost else pod(i, phase="Running") for i in range(3)]
+    before = dict(RUNNING, elastic={"members": [0, 1, 2], "workerAttempts": [0, 0, 0]})
+    first = plan(status=before, jobs=[job(0), job(1), job(2)], pods=pods)
+    stored = merge_patch(before, first.status)
+    survivors = [job(i) for i in range(3) if i != lost]
+    again = plan(
+        status=stored, jobs=[*survivors, job(lost, 1)], pods=[p for i, p in enumerate(pods) if i != lost]
+    )
+    assert again.create == [] and again.delete == []
+
+
 def test_a_non_retryable_code_fails_the_job_at_once() -> None:
     pods = [pod(0, phase="Running"), pod(1, phase="Failed", exit_code=2), pod(2, phase="Running")]
     p = plan(status=RUNNING, jobs=[job(0), job(1), job(2)], pods=pods)
@@ -158,7 +183,7 @@ def test_a_non_retryable_code_fails_the_job_at_once() -> None:
 
 def test_a_crash_loop_ends_failed_naming_the_worker_and_code_when_the_budget_is_spent() -> None:
     pods = [pod(0, phase="Running"), pod(1, 3, phase="Failed", exit_code=11), pod(2, phase="Running")]
-    status = dict(RUNNING, restarts=3, restartAttempt=3, elastic={"workerAttempts": {"0": 0, "2": 0}})
+    status = dict(RUNNING, restarts=3, restartAttempt=3, elastic={"workerAttempts": [0, 3, 0]})
     p = plan(status=status, jobs=[job(0), job(1, 3), job(2)], pods=pods)
     assert p.status["phase"] == "Failed"
     assert st.get_condition(p.status, "Failed")["reason"] == "RestartLimitExceeded"
@@ -178,11 +203,11 @@ def test_scaling_down_removes_only_the_highest_workers_and_moves_the_counter_on(
     assert deleted(p) == ["demo-r0-w2"] and p.create == []
     assert "ScaledDown" in reasons(p)
     assert p.status["restartAttempt"] == 1 and p.status["restarts"] == 0
-    assert p.status["elastic"]["workerAttempts"] == {"0": 0, "1": 0}
+    assert p.status["elastic"]["workerAttempts"] == [0, 0]
 
 
 def test_scaling_back_up_while_the_removed_worker_terminates_uses_a_new_name() -> None:
-    status = dict(RUNNING, restartAttempt=1, elastic={"workerAttempts": {"0": 0, "1": 0}, "members": [0, 1]})
+    status = dict(RUNNING, restartAttempt=1, elastic={"workerAttempts": [0, 0], "members": [0, 1]})
     p = plan(
         elastic_spec(3), status=status, jobs=[job(0), job(1), job(2, deleting=T0)], pods=running(0, 1, 2)
     )
