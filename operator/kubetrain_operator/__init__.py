@@ -6,10 +6,13 @@ package: its config, contract and exit codes).
 - The API: `constants`, `api` (the pydantic models, the one source of truth for the CRD), `names`.
 - The pure core, no I/O: `observe` (reading child objects), `status`, `failure`, `builders` (child
   manifests), `admission` (what the operator's flags let a spec ask for), `reconcile` (the planner:
-  spec + observed children -> plan), `crdgen` and `apidocs` (the CRD YAML and its docs, from the models).
+  spec + observed children -> plan) with `membership` (its policy for elastic jobs, which builds on
+  reconcile's plan types: the one pair that import each other), `crdgen` and `apidocs` (the CRD YAML and
+  its docs, from the models).
 - The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
   that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
-  `localrun` (local mode: a TrainingJob's workers as local processes), `controller` (the work queue and
+  `localrun` (local mode: a TrainingJob's workers as local processes) and `localelastic` (local mode for
+  elastic jobs), `controller` (the work queue and
   plan execution), `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings
   and start) and `cli`.
 """
