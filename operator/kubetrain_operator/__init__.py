@@ -7,12 +7,14 @@ package: its config, contract and exit codes).
 - The pure core, no I/O: `observe` (reading child objects), `status`, `failure`, `builders` (child
   manifests), `admission` (what the operator's flags let a spec ask for), `queueing` (Kueue: the
   Workload of a queued TrainingJob and what its status means), `reconcile` (the planner:
-  spec + observed children -> plan), `crdgen` and `apidocs` (the CRD YAML and its docs, from the models).
+  spec + observed children -> plan) with `membership` (its policy for elastic jobs, which builds on
+  reconcile's plan types: the one pair that import each other), `crdgen` and `apidocs` (the CRD YAML and
+  its docs, from the models).
 - The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
   that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
   `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a
-  TrainingJob's workers as local processes), `workeridentity` (the workers'
-  ServiceAccount, created where they run), `controller` (the work queue and
+  TrainingJob's workers as local processes) and `localelastic` (local mode for elastic jobs),
+  `workeridentity` (the workers' ServiceAccount, created where they run), `controller` (the work queue and
   plan execution), `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings
   and start) and `cli`.
 """

@@ -14,9 +14,10 @@ tests/operator/testdata/refused-trainingjobs.yaml holds both sides to the same v
 through the models, cluster tests through a real API server.
 
 Mutability, in one place: the shape of the group (image, imagePullPolicy, workers, nprocPerWorker,
-resources, trainer, command, args, launcher, storage, masterPort, successPolicy, gangScheduling) is
-immutable, because
-changing it under a running DDP group has no safe meaning. Run and failure policies, and the
+resources, trainer, command, args, launcher, storage, masterPort, successPolicy, gangScheduling,
+elastic) is
+immutable, because changing it under a running DDP group has no safe meaning; only an elastic job's
+workers may change (`kubectl scale`: torchrun re-rendezvouses the group). Run and failure policies, and the
 scheduling and pod-metadata fields (env, imagePullSecrets, nodeSelector, tolerations, affinity,
 priorityClassName, schedulerName, serviceAccountName, podLabels, podAnnotations), can change at any
 time; scheduling and pod-metadata changes apply to workers created afterwards (the next restart attempt
@@ -108,8 +109,11 @@ IMMUTABLE_SPEC_FIELDS = (
     "successPolicy",
     "gangScheduling",
     "managedBy",
+    "elastic",
 )
 """Spec fields that cannot change after creation (enforced by CEL transition rules on `spec`)."""
+ELASTIC_MUTABLE_SPEC_FIELDS = ("workers",)
+"""Immutable fields an elastic job may change (`kubectl scale`); their rules are in `_elastic_rules`."""
 
 MAX_WORKERS = 4096
 MAX_RESTARTS = 1000
@@ -870,7 +874,8 @@ class RunPolicy(_Model):
         description=(
             "maxRestarts is how many times the whole worker group may be torn down and recreated after a "
             "worker fails with a retryable exit code or reason; the failure after the last restart fails "
-            "the TrainingJob. Default 3, at most 1000. Mutable: raising it revives nothing that already "
+            "the TrainingJob. On an elastic job each replacement of one failed worker counts as one restart. "
+            "Default 3, at most 1000. Mutable: raising it revives nothing that already "
             "failed, but counts for later failures."
         ),
     )
@@ -972,6 +977,92 @@ class FailurePolicy(_Model):
         return True
 
 
+ELASTIC_LAST_CALL_SECONDS = 30
+"""torchrun's own last_call_timeout: how long a rendezvous round with at least the minimum stays open."""
+
+
+class Elastic(_Model):
+    """Elastic membership: the group trains with any number of workers between minWorkers and maxWorkers.
+
+    Workers run under torchrun with a c10d rendezvous whose store lives in a pod of its own (see
+    docs/elastic.md), so losing any worker, worker 0 included, leaves the rendezvous intact: the
+    operator replaces only the lost worker and the survivors re-rendezvous with it.
+    """
+
+    min_workers: int = Field(
+        ...,
+        ge=1,
+        le=MAX_WORKERS,
+        description=(
+            "minWorkers is the fewest workers the group trains with (torchrun --nnodes MIN:MAX). With fewer "
+            "running (pods Pending, unschedulable) the job waits in phase Pending and says why. Required. "
+            "Immutable."
+        ),
+    )
+    max_workers: int = Field(
+        ...,
+        ge=1,
+        le=MAX_WORKERS,
+        description=(
+            "maxWorkers is the most workers the group trains with, and the upper bound of spec.workers. "
+            "The built-in trainer keeps its global batch at batch_size x maxWorkers x nprocPerWorker at "
+            "every world size. Required. Immutable."
+        ),
+    )
+    last_call_seconds: int = Field(
+        ELASTIC_LAST_CALL_SECONDS,
+        ge=1,
+        le=3600,
+        description=(
+            "lastCallSeconds is how long a rendezvous round that has minWorkers stays open for more "
+            "workers (up to maxWorkers) before training starts with those present (torchrun's "
+            "last_call_timeout). Default 30. Immutable."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Elastic:
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"elastic.minWorkers ({self.min_workers}) must not exceed elastic.maxWorkers "
+                f"({self.max_workers})"
+            )
+        return self
+
+
+def _elastic_rules() -> list[dict[str, str]]:
+    """spec.workers may change only on an elastic job (kubectl scale), and only within its bounds."""
+    return [
+        _cel(
+            "!has(self.elastic) || self.elastic.minWorkers <= self.elastic.maxWorkers",
+            "spec.elastic.minWorkers must not exceed spec.elastic.maxWorkers",
+            ".elastic",
+        ),
+        _cel(
+            "!has(self.elastic) || (self.workers >= self.elastic.minWorkers && self.workers <= "
+            "self.elastic.maxWorkers)",
+            "spec.workers must lie between spec.elastic.minWorkers and spec.elastic.maxWorkers",
+            ".workers",
+        ),
+        _cel(
+            "!has(self.elastic) || !has(self.gangScheduling)",
+            "spec.elastic and spec.gangScheduling cannot be combined yet: a gang of a changing size is not "
+            "designed",
+            ".gangScheduling",
+        ),
+        _cel(
+            "!has(self.elastic) || !has(self.command) || self.launcher != 'plain'",
+            "spec.elastic needs spec.launcher torchrun: torchrun runs the rendezvous",
+            ".launcher",
+        ),
+        _cel(
+            "has(self.elastic) || self.workers == oldSelf.workers",
+            "spec.workers is immutable unless spec.elastic is set: create a new TrainingJob to change it",
+            ".workers",
+        ),
+    ]
+
+
 def _reserved_keys_rule(field: str) -> dict[str, str]:
     return _cel(
         f"self.all(k, !k.startsWith('{constants.RESERVED_LABEL_PREFIX}'))",
@@ -1007,6 +1098,8 @@ _IMAGE_RULE = _cel(
 def _immutable_rules() -> list[dict[str, str]]:
     rules = []
     for name in IMMUTABLE_SPEC_FIELDS:
+        if name in ELASTIC_MUTABLE_SPEC_FIELDS:
+            continue
         rules.append(
             _cel(
                 f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == "
@@ -1039,6 +1132,7 @@ class TrainingJobSpec(_Model):
                 "give each its own path'",
             ),
             *_immutable_rules(),
+            *_elastic_rules(),
         )
     )
 
@@ -1076,7 +1170,8 @@ class TrainingJobSpec(_Model):
             "workers is the number of worker pods (nodes) in the group, each one a batch Job named "
             "`<trainingjob>-r<restartAttempt>-w<index>` (the TrainingJob name is cut to a prefix plus a hash "
             "when longer than 48 characters or not a DNS label); worker 0 is the master. Default 1, at most "
-            "4096. Immutable."
+            "4096. Immutable, except on an elastic job (spec.elastic), where it is the desired number of "
+            "workers between minWorkers and maxWorkers and `kubectl scale --replicas` changes it."
         ),
     )
     nproc_per_worker: int | Literal["auto"] = Field(
@@ -1272,6 +1367,36 @@ class TrainingJobSpec(_Model):
         json_schema_extra={"default": {}},
     )
 
+    elastic: Elastic | None = Field(
+        None,
+        description=(
+            "elastic makes the group elastic: workers run under torchrun with a c10d rendezvous on a "
+            "rendezvous-store pod of their own (`<trainingjob>-rdzv`), a worker that fails with a retryable "
+            "code is replaced alone (counted against runPolicy.maxRestarts) while the others "
+            "re-rendezvous, and spec.workers can be scaled between minWorkers and maxWorkers on a running "
+            "job. Needs the torchrun launcher. Default: none (a fixed-size group). Immutable."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _elastic_bounds(self) -> TrainingJobSpec:
+        if self.elastic is None:
+            return self
+        low, high = self.elastic.min_workers, self.elastic.max_workers
+        if not low <= self.workers <= high:
+            raise ValueError(
+                f"spec.workers ({self.workers}) must lie between spec.elastic.minWorkers ({low}) and "
+                f"spec.elastic.maxWorkers ({high})"
+            )
+        if self.command is not None and self.launcher == "plain":
+            raise ValueError("spec.elastic needs spec.launcher torchrun: torchrun runs the rendezvous")
+        if self.gang_scheduling is not None:
+            raise ValueError(
+                "spec.elastic and spec.gangScheduling cannot be combined yet: a gang of a changing size is "
+                "not designed"
+            )
+        return self
+
     @model_validator(mode="after")
     def _cross_field(self) -> TrainingJobSpec:
         if (self.trainer is None) == (self.command is None):
@@ -1422,6 +1547,31 @@ class WorkerFailure(_Model):
     restart_attempt: int = Field(0, description="restartAttempt is the attempt the failure happened in.")
 
 
+class ElasticStatus(_Model):
+    members: list[int] | None = Field(
+        None,
+        description=(
+            "members are the indices of the workers whose pods run now, in order; every change is also a "
+            "MembershipChanged event."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    world_size: int | None = Field(
+        None,
+        description="worldSize is the number of training processes the running workers hold (members x "
+        "nprocPerWorker); torchrun forms its group from them at the next rendezvous.",
+    )
+    worker_attempts: list[int] | None = Field(
+        None,
+        description=(
+            "workerAttempts lists, by worker index, the attempt each worker's current Job carries "
+            "(`<trainingjob>-r<attempt>-w<index>`): a replaced worker gets a new attempt, the others keep "
+            "theirs. A worker beyond the list (scaled up) starts at restartAttempt."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+
+
 class TrainingJobStatus(_Model):
     phase: Phase | None = Field(
         None,
@@ -1450,7 +1600,10 @@ class TrainingJobStatus(_Model):
     )
     restarts: int | None = Field(
         None,
-        description="restarts is how many whole-group restarts failures have caused (at most maxRestarts).",
+        description=(
+            "restarts is how many whole-group restarts (on an elastic job: single-worker replacements) "
+            "failures have caused (at most maxRestarts)."
+        ),
     )
     restart_attempt: int | None = Field(
         None,
@@ -1488,6 +1641,9 @@ class TrainingJobStatus(_Model):
         description=(
             "progress is the latest training progress rank 0 reported (pod annotation kubetrain.io/progress)."
         ),
+    )
+    elastic: ElasticStatus | None = Field(
+        None, description="elastic is the membership of an elastic job (spec.elastic): who runs, how many."
     )
 
 

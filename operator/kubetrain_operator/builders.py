@@ -146,8 +146,20 @@ def build_service(ctx: Context) -> dict[str, Any]:
     }
 
 
-def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
-    """The env contract of worker `index`, then the user's env (which may refer to it as $(RANK))."""
+ELASTIC_AGENT_RESTARTS = 100
+"""torchrun --max-restarts on elastic workers. A membership change that breaks a collective (a peer lost or
+removed) makes each survivor's processes fail once and its agent restart them into the next rendezvous
+round, so this bounds how many such changes one worker lives through; the operator's replacement budget
+(runPolicy.maxRestarts) is what ends a crash loop."""
+
+ELASTIC_JOIN_TIMEOUT_SECONDS = 7 * 24 * 3600
+"""torchrun's join_timeout on elastic workers: a worker waits in the rendezvous until minWorkers are there
+however long capacity takes to return (torchrun's 600 s default would turn a wait for an unschedulable
+pod into worker failures); activeDeadlineSeconds is what bounds the wait."""
+
+
+def _fixed_size_env(ctx: Context, index: int) -> list[tuple[str, str]]:
+    """A fixed-size group's places: every worker knows the world size, its ranks and worker 0's address."""
     spec = ctx.spec
     nproc = spec.procs_per_worker()
     master = names.worker_dns(ctx.owner.name, ctx.owner.namespace, ctx.restart_attempt, 0)
@@ -162,12 +174,47 @@ def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
     ]
     if nproc == 1:
         values.append((contract.LOCAL_RANK, "0"))
-    values += [
+    return [
+        *values,
         (contract.PET_NNODES, str(spec.workers)),
         (contract.PET_NPROC_PER_NODE, str(nproc)),
         (contract.PET_NODE_RANK, str(index)),
         (contract.PET_MASTER_ADDR, master),
         (contract.PET_MASTER_PORT, port),
+    ]
+
+
+def _elastic_env(ctx: Context, index: int) -> list[tuple[str, str]]:
+    """An elastic worker's torchrun settings: ranks, WORLD_SIZE and MASTER_* are torchrun's to set per
+    rendezvous round, so only the rendezvous is given (see docs/elastic.md)."""
+    spec = ctx.spec
+    assert spec.elastic is not None
+    conf = (
+        f"is_host=false,join_timeout={ELASTIC_JOIN_TIMEOUT_SECONDS},"
+        f"last_call_timeout={spec.elastic.last_call_seconds}"
+    )
+    endpoint = f"{names.rendezvous_dns(ctx.owner.name, ctx.owner.namespace)}:{spec.master_port}"
+    return [
+        (contract.PET_NNODES, f"{spec.elastic.min_workers}:{spec.elastic.max_workers}"),
+        (contract.PET_NPROC_PER_NODE, str(spec.procs_per_worker())),
+        (contract.PET_RDZV_BACKEND, "c10d"),
+        (contract.PET_RDZV_ENDPOINT, endpoint),
+        (contract.PET_RDZV_ID, ctx.owner.uid),
+        (contract.PET_RDZV_CONF, conf),
+        (contract.PET_MAX_RESTARTS, str(ELASTIC_AGENT_RESTARTS)),
+        (
+            contract.PET_LOCAL_ADDR,
+            names.worker_dns(ctx.owner.name, ctx.owner.namespace, ctx.restart_attempt, index),
+        ),
+        (contract.TORCH_DISABLE_SHARE_RDZV_TCP_STORE, "1"),
+    ]
+
+
+def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
+    """The env contract of worker `index`, then the user's env (which may refer to it as $(RANK))."""
+    spec = ctx.spec
+    values = _elastic_env(ctx, index) if spec.elastic is not None else _fixed_size_env(ctx, index)
+    values += [
         (contract.JOB_NAME, ctx.owner.name),
         (contract.JOB_UID, ctx.owner.uid),
         (contract.RESTART_ATTEMPT, str(ctx.restart_attempt)),
@@ -191,7 +238,7 @@ def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
 def worker_command(spec: api.TrainingJobSpec) -> tuple[list[str], list[str] | None]:
     """Container command and args: the built-in trainer or the user's program, under torchrun or not."""
     if spec.trainer is not None:
-        if spec.procs_per_worker() > 1:
+        if spec.procs_per_worker() > 1 or spec.elastic is not None:
             return ["torchrun", "--no-python", "kubetrain", "train"], None
         return ["kubetrain", "train"], None
     assert spec.command is not None  # the spec validator guarantees trainer xor command
@@ -371,3 +418,57 @@ def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:
 
 def build_worker_jobs(ctx: Context) -> list[dict[str, Any]]:
     return [build_worker_job(ctx, i) for i in range(ctx.spec.workers)]
+
+
+def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
+    """An elastic job's rendezvous store (None for a fixed-size job): one pod serving torchrun's c10d
+    TCPStore at `<base>-rdzv.<service>` on masterPort, apart from every worker, so that losing any worker
+    (worker 0 included) leaves the rendezvous standing. It runs the operator's trainer image, which has
+    the store's module, whatever image the workers run; it trains nothing and needs little."""
+    if ctx.spec.elastic is None:
+        return None
+    name = names.rendezvous_job_name(ctx.owner.name)
+    port = ctx.spec.master_port
+    labels = {
+        **selector_labels(ctx.owner.name),
+        constants.LABEL_ROLE: constants.ROLE_RENDEZVOUS,
+        constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
+    }
+    container: dict[str, Any] = {
+        "name": constants.RENDEZVOUS_CONTAINER_NAME,
+        "image": ctx.default_image,
+        "command": ["python", "-m", "kubetrain_trainer.rendezvous_store", "--port", str(port)],
+        "ports": [{"name": constants.SERVICE_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": names.service_name(ctx.owner.name),
+        "enableServiceLinks": False,
+        "securityContext": dict(RESTRICTED_POD_SECURITY),
+        "containers": [container],
+    }
+    optional = {
+        "nodeSelector": ctx.spec.node_selector,
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in ctx.spec.tolerations or ()],
+        "priorityClassName": ctx.spec.priority_class_name,
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    pod_metadata = {
+        # Like the workers' pods: mesh and network-policy labels and annotations concern the store too.
+        "labels": {**(ctx.spec.pod_labels or {}), **labels},
+        "annotations": {**(ctx.spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name},
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(ctx, name, labels),
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": 0,
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
+        },
+    }

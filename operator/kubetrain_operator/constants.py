@@ -20,7 +20,8 @@ LABEL_WORKER_INDEX = "kubetrain.io/worker-index"
 LABEL_RESTART_ATTEMPT = "kubetrain.io/restart-attempt"
 """The restart attempt that created the Job (0 for the first run; Jobs and pods only)."""
 LABEL_ROLE = "kubetrain.io/role"
-"""'master' for worker 0, 'worker' for the others."""
+"""'master' for worker 0, 'worker' for the others, 'rendezvous' for an elastic job's rendezvous store."""
+ROLE_RENDEZVOUS = "rendezvous"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubetrain"
 
@@ -34,6 +35,8 @@ ANNOTATION_JOB_NAME = "kubetrain.io/job-full-name"
 
 CONTAINER_NAME = "worker"
 """Name of the one container in every worker pod; the operator reads its exit code."""
+RENDEZVOUS_CONTAINER_NAME = "rendezvous"
+"""The one container of an elastic job's rendezvous-store pod."""
 DEFAULT_MASTER_PORT = 29500
 SERVICE_PORT_NAME = "rendezvous"
 

@@ -253,6 +253,14 @@ def _strip_status_defaults(node: dict[str, Any]) -> None:
         _strip_status_defaults(node["additionalProperties"])
 
 
+SCALE_SUBRESOURCE: dict[str, Any] = {
+    "specReplicasPath": ".spec.workers",
+    "statusReplicasPath": ".status.workers.active",
+}
+"""`kubectl scale tj/NAME --replicas=N` (and autoscalers) set spec.workers; the schema's rules refuse it for
+a job without spec.elastic or outside minWorkers..maxWorkers. The current count is the active workers."""
+
+
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     return {
@@ -278,7 +286,7 @@ def crd() -> dict[str, Any]:
                     "name": constants.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

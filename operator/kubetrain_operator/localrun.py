@@ -9,7 +9,8 @@ spec that runs here runs on a cluster. Only what a pod has and a laptop has not 
 - downward-API fields get their local equivalents; Secrets and ConfigMaps are refused by name.
 The group then behaves as the operator makes it behave: a failed worker stops the others, retryable
 failures restart the whole group up to runPolicy.maxRestarts (`failure.decide`, shared with the
-operator), and the run ends with the status the operator would report.
+operator), and the run ends with the status the operator would report. An elastic job (spec.elastic)
+runs under `localelastic` instead: one worker replaced at a time, spec.workers scaled by editing the file.
 """
 
 from __future__ import annotations
@@ -381,7 +382,13 @@ def main(manifest: Path, mounts: list[str], workdir: Path) -> int:
         print(f"kubetrain: {extracted}")
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        result = run_local(job, directories)
+        if job.spec.elastic is not None:
+            from kubetrain_operator import localelastic  # builds on this module
+
+            desired = localelastic.manifest_workers(manifest, job.spec)
+            result = localelastic.run_local_elastic(job, directories, desired=desired)
+        else:
+            result = run_local(job, directories)
     finally:
         signal.signal(signal.SIGTERM, previous)
     name = job.metadata.get("name", "local")

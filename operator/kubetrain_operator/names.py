@@ -88,3 +88,13 @@ def job_label_value(job_name: str) -> str:
         return job_name
     prefix = job_name[: MAX_LABEL - HASH_LEN - 1].rstrip("-.")
     return f"{prefix}-{short_hash(job_name)}"
+
+
+def rendezvous_job_name(job_name: str) -> str:
+    """The elastic rendezvous store's Job, also its pod's hostname: `<base>-rdzv`."""
+    return f"{base(job_name)}-rdzv"
+
+
+def rendezvous_dns(job_name: str, namespace: str) -> str:
+    """The rendezvous store's stable DNS name: `<base>-rdzv.<service>.<namespace>.svc`."""
+    return f"{rendezvous_job_name(job_name)}.{service_name(job_name)}.{namespace}.svc"

@@ -12,6 +12,9 @@ so their pods go first); the new attempt's Jobs (new names) are created once the
 after STALE_GRACE_SECONDS when a pod is stuck terminating on a lost node. Suspend deletes every worker
 Job and bumps the attempt the same way (Foreground too, so a quick resume waits for the old pods and no
 old rank 0 writes checkpoints or progress.json beside the new attempt), without counting a restart.
+
+An elastic job (spec.elastic) shares steps 1 to 4 (spec checks, finished, suspend, deadline) and then
+follows `membership.plan`: one failed worker is replaced alone, spec.workers scales the group.
 """
 
 from __future__ import annotations
@@ -24,7 +27,17 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubetrain_operator import admission, api, builders, constants, failure, names, observe, queueing
+from kubetrain_operator import (
+    admission,
+    api,
+    builders,
+    constants,
+    failure,
+    membership,
+    names,
+    observe,
+    queueing,
+)
 from kubetrain_operator import status as st
 
 STALE_GRACE_SECONDS = 120.0
@@ -248,8 +261,13 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             status, "SpecRefused", False, "SpecAccepted", "the spec passes the operator's checks", now
         )
 
-    workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
-    stale = observe.stale_jobs(attempt, obs.jobs)
+    if spec.elastic is not None:
+        attempts = membership.worker_attempts(status, spec.workers)
+        workers = membership.read_members(attempts, obs.jobs, obs.pods)
+        stale = membership.stale_jobs(attempts, obs.jobs)
+    else:
+        workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
+        stale = observe.stale_jobs(attempt, obs.jobs)
     st.record_progress(status, observe.read_progress(obs.pods, attempt))
 
     # 2. Finished: clean up, then wait for the TTL.
@@ -299,6 +317,8 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             status["restartAttempt"] = attempt + 1
         out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
         status["startTime"] = None
+        if spec.elastic is not None:
+            status["elastic"] = None  # a resumed elastic group starts whole, at the new attempt
         status["pendingReason"] = None
         status["pendingMessage"] = None
         status["workers"] = st.worker_counts(())
@@ -340,6 +360,19 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
                 f"the job ran longer than activeDeadlineSeconds ({deadline}s) since "
                 f"{status.get('startTime')}",
             )
+
+    ctx = builders.Context(
+        owner=builders.Owner(obs.name, obs.namespace, obs.uid),
+        spec=spec,
+        restart_attempt=attempt,
+        default_image=defaults.image,
+        default_service_account=defaults.service_account,
+        placement=queue.placement,
+    )
+    if spec.elastic is not None:
+        return membership.plan(
+            obs, spec, out, now, ctx=ctx, fail=fail, stale_grace_seconds=defaults.stale_grace_seconds
+        )
 
     # 5. Old attempt's Jobs: delete them, and wait for them to go before starting the next group.
     waiting = []
@@ -385,14 +418,6 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         return out
 
     # 7. Create what is missing of the current attempt.
-    ctx = builders.Context(
-        owner=builders.Owner(obs.name, obs.namespace, obs.uid),
-        spec=spec,
-        restart_attempt=attempt,
-        default_image=defaults.image,
-        default_service_account=defaults.service_account,
-        placement=queue.placement,
-    )
     if obs.service is None:
         out.create.append(builders.build_service(ctx))
     pod_group = builders.build_pod_group(ctx)

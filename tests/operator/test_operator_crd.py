@@ -100,7 +100,10 @@ def test_status_declares_everything_the_operator_writes() -> None:
 
 def test_subresource_and_printer_columns() -> None:
     version = crdgen.crd()["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {"specReplicasPath": ".spec.workers", "statusReplicasPath": ".status.workers.active"},
+    }
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase"
     assert columns["Ready"] == ".status.workersReady"

@@ -42,3 +42,15 @@ PROGRESS_ANNOTATION = "kubetrain.io/progress"
 """Pod annotation that rank 0 keeps up to date with JSON progress; the operator copies it to status."""
 PROGRESS_FILE = "progress.json"
 """File in the job's output directory holding the same JSON as the annotation."""
+
+# Elastic jobs (spec.elastic): torchrun's rendezvous settings, read by torchrun as defaults of its flags.
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+PET_RDZV_ID = "PET_RDZV_ID"
+PET_RDZV_CONF = "PET_RDZV_CONF"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+PET_LOCAL_ADDR = "PET_LOCAL_ADDR"
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""Set to 1 on elastic workers: torchrun then makes each round's rank 0 host the training store afresh.
+With sharing on, a worker that keeps a non-zero rank across rounds keeps the previous round's rank-0
+address, which is gone when that worker was the one lost."""

@@ -42,6 +42,18 @@ class WorldEnv:
     master_port: int = 29500
     agent_store: bool = False
     """True under torchrun: its agent already hosts the store at MASTER_ADDR:MASTER_PORT for every rank."""
+    max_nodes: int | None = None
+    """An elastic group's most workers (PET_NNODES=MIN:MAX); None for a fixed-size group."""
+
+    def per_rank_batch(self, batch_size: int) -> int:
+        """This rank's batch: `batch_size` in a fixed-size group. An elastic group keeps its global batch
+        at batch_size x the largest world size (maxWorkers x LOCAL_WORLD_SIZE) whatever the current one,
+        so the learning rate and its schedule mean the same after every re-rendezvous; each rank takes an
+        equal share, the global batch rounded down to a multiple of the world size (at most WORLD_SIZE-1
+        images fewer)."""
+        if self.max_nodes is None:
+            return batch_size
+        return max(1, batch_size * self.max_nodes * self.local_world_size // self.world_size)
 
     @property
     def distributed(self) -> bool:
@@ -64,6 +76,19 @@ def _read_int(env: Mapping[str, str], name: str, default: int | None) -> int | N
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def _read_nnodes(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """PET_NNODES as (min, max): `N` for a fixed-size group, `MIN:MAX` for an elastic one (torchrun's
+    --nnodes syntax; the world size within it is whatever the last rendezvous round gathered)."""
+    raw = env.get(contract.PET_NNODES)
+    if raw is None or raw == "":
+        return None
+    low, _, high = raw.partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise ConfigError(f"environment variable {contract.PET_NNODES}={raw!r} is not N or MIN:MAX") from None
+
+
 def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
     """Parse and cross-check the worker environment, naming every factor when they disagree."""
     env = os.environ if env is None else env
@@ -72,7 +97,9 @@ def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
     local_world_size = _read_int(env, contract.LOCAL_WORLD_SIZE, 1)
     local_rank = _read_int(env, contract.LOCAL_RANK, 0)
     node_rank = _read_int(env, contract.NODE_RANK, None)
-    nnodes = _read_int(env, contract.PET_NNODES, None)
+    nnodes_range = _read_nnodes(env)
+    max_nodes = nnodes_range[1] if nnodes_range and nnodes_range[0] != nnodes_range[1] else None
+    nnodes = None if nnodes_range is None or max_nodes is not None else nnodes_range[0]
     nproc = _read_int(env, contract.PET_NPROC_PER_NODE, None)
     assert world_size is not None and rank is not None
     assert local_world_size is not None and local_rank is not None
@@ -112,6 +139,7 @@ def read_world_env(env: Mapping[str, str] | None = None) -> WorldEnv:
         master_addr=env.get(contract.MASTER_ADDR, "127.0.0.1"),
         master_port=port,
         agent_store=env.get(TORCHELASTIC_USE_AGENT_STORE) == "True",
+        max_nodes=max_nodes,
     )
 
 

@@ -167,7 +167,7 @@ class Trainer:
         self.loader = batches.BatchLoader(
             self.train_data,
             self.preprocessing,
-            batch_size=config.batch_size,
+            batch_size=world.per_rank_batch(config.batch_size),
             rank=world.rank,
             world_size=world.world_size,
             seed=config.seed,
@@ -316,7 +316,7 @@ class Trainer:
         meter = ThroughputMeter(
             epochs=config.epochs,
             steps_per_epoch=steps_per_epoch,
-            global_batch=config.batch_size * self.world.world_size,
+            global_batch=self.loader.batch_size * self.world.world_size,
             log_every=config.log_every_steps,
             enabled=self.world.is_main,
         )
@@ -329,7 +329,7 @@ class Trainer:
             len(self.classes),
             config.epochs,
             steps_per_epoch,
-            config.batch_size * self.world.world_size,
+            self.loader.batch_size * self.world.world_size,
             self.device,
         )
         report = ClassReport(
