@@ -103,19 +103,20 @@ def test_which_config_changes_a_resume_tolerates(
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    ("epoch_step", "world_size", "why"),
+    ("saved", "now", "continues_at"),
     [
-        (0, 4, None),  # an epoch boundary: the next epoch is cut for the new group size
-        (5, 2, None),
-        (5, 4, "middle of epoch 3 by WORLD_SIZE(2) processes and this run has WORLD_SIZE(4)"),
+        ({"world_size": 2, "global_batch": 128}, {"world_size": 2, "global_batch": 128}, 5),
+        ({"world_size": 2, "global_batch": 128}, {"world_size": 4, "global_batch": 128}, 5),  # elastic
+        ({"world_size": 3, "global_batch": 255}, {"world_size": 2, "global_batch": 256}, 5),  # rounding
+        ({"world_size": 2, "global_batch": 128}, {"world_size": 4, "global_batch": 256}, 2),  # 640 of 1024
+        ({"world_size": 2}, {"world_size": 4, "global_batch": 256}, 2),  # older: same per-rank batch
+        ({"world_size": 4, "global_batch": 64}, {"world_size": 1, "global_batch": 512}, 1),  # never 0
     ],
 )
-def test_a_mid_epoch_checkpoint_resumes_only_the_group_size_that_wrote_it(
-    epoch_step: int, world_size: int, why: str | None
+def test_a_mid_epoch_position_carries_over_to_another_group_size_by_images_seen(
+    saved: dict[str, int], now: dict[str, int], continues_at: int
 ) -> None:
     identity = config.resume_identity(TrainerConfig.model_validate({"data": {"dataset": "fake"}}))
-    saved = {"job_uid": "u", "classes": ["a"], "config": identity, "world_size": 2}
-    reason = checkpoints.resume_mismatch(
-        {**saved, "epoch": 3, "epoch_step": epoch_step}, {**saved, "world_size": world_size}, epochs=10
-    )
-    assert (reason is None) if why is None else (why in (reason or "")), reason
+    base = {"job_uid": "u", "classes": ["a"], "config": identity}
+    assert checkpoints.resume_mismatch({**base, **saved, "epoch": 3}, {**base, **now}, epochs=10) is None
+    assert checkpoints.equivalent_epoch_step({**base, **saved}, {**base, **now}, 5) == continues_at

@@ -168,11 +168,31 @@ def _header(blob: Mapping[str, Any]) -> dict[str, Any]:
     return {**dict(blob.get("extra", {})), "epoch": int(blob["epoch"]), "step": step}
 
 
+def equivalent_epoch_step(saved: Mapping[str, Any], current: Mapping[str, Any], epoch_step: int) -> int:
+    """The step of this run that has seen as much of the interrupted epoch as `epoch_step` steps of the
+    run that wrote the checkpoint.
+
+    Global batches are contiguous slices of the epoch's permutation (`batches`), so with the same global
+    batch step k covers the same images at any world size: an elastic group that changed size resumes
+    exactly. A different global batch (an elastic group whose size does not divide its batch evenly, or an
+    older checkpoint from another world size) continues at the step nearest the images already seen: at
+    most half a batch of the epoch is seen twice or skipped, and nothing already learnt is thrown away.
+    """
+    old = saved.get("global_batch")
+    new = current.get("global_batch")
+    if old is None or new is None:  # older checkpoints: the same per-rank batch, another world size
+        old, new = saved.get("world_size") or 1, current["world_size"]
+    if old == new:
+        return epoch_step
+    return max(1, round(epoch_step * int(old) / int(new)))
+
+
 def resume_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], epochs: int) -> str | None:
     """Why the checkpoint described by `saved` (its header) must not resume `current`, or None.
 
-    Both hold `job_uid`, `classes`, `config` (a `config.resume_identity`) and `world_size`; `saved` also its
-    `epoch` and `epoch_step` (steps done in that epoch; 0 at its end, absent in older checkpoints).
+    Both hold `job_uid`, `classes`, `config` (a `config.resume_identity`), `world_size` and `global_batch`
+    (absent in older checkpoints); `saved` also its `epoch`. Another world size is no reason: the state
+    means the same, and a mid-epoch position is carried over (`equivalent_epoch_step`).
     """
     if "job_uid" not in saved:
         return "it predates checkpoints that record their TrainingJob"
@@ -193,10 +213,4 @@ def resume_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], epochs
         return "the config changed: " + ", ".join(changed)
     if int(saved["epoch"]) > epochs:
         return f"checkpoint epoch {saved['epoch']} is past this run's epochs {epochs}"
-    if saved.get("epoch_step") and saved.get("world_size") != current["world_size"]:
-        return (
-            f"it was written in the middle of epoch {saved['epoch']} by WORLD_SIZE({saved.get('world_size')})"
-            f" processes and this run has WORLD_SIZE({current['world_size']}): the rest of the epoch would "
-            "be cut into different batches"
-        )
     return None

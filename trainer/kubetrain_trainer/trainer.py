@@ -206,6 +206,7 @@ class Trainer:
             "classes": list(self.classes),
             "config": config_module.resume_identity(self.config),
             "world_size": self.world.world_size,
+            "global_batch": self.loader.batch_size * self.world.world_size,
         }
 
     def _resumable_checkpoint(self) -> Path | None:
@@ -247,9 +248,25 @@ class Trainer:
             dist.broadcast_object_list(choice, src=0)
         if choice[0] is None:
             return None
-        self.checkpointer.load(Path(choice[0]), self._components())
+        header = self.checkpointer.load(Path(choice[0]), self._components())
         state = self.state
         steps_per_epoch = len(self.loader)
+        if state.epoch_step:
+            step = checkpoints.equivalent_epoch_step(header, self._identity(), state.epoch_step)
+            if step != state.epoch_step:
+                log.warning(
+                    "the checkpoint was written by %s processes (global batch %s), this run has %d (%d): "
+                    "epoch %d continues at step %d of %d, the nearest to the %d steps done before",
+                    header.get("world_size"),
+                    header.get("global_batch", "unknown"),
+                    self.world.world_size,
+                    self._identity()["global_batch"],
+                    state.last_step_epoch,
+                    min(step, steps_per_epoch),
+                    steps_per_epoch,
+                    state.epoch_step,
+                )
+                state.epoch_step = min(step, steps_per_epoch)
         log.info(
             "resumed from checkpoint %s in restart attempt %d: epoch %d of %d, step %d "
             "(%d of %d steps of epoch %d done)",
