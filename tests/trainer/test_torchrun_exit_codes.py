@@ -70,3 +70,25 @@ def test_a_user_scripts_exit_code_under_torchrun_is_read_from_torchruns_report(t
     message = _kubelet_fallback_message(result.stdout + result.stderr)
     worker = observe.read_pod(_terminated_pod(result.returncode, message), 0, 0, "job-r0-w0")
     assert worker.exit_code == 3, message
+
+
+def test_a_permanent_failure_under_a_restarting_torchrun_is_not_retried_in_the_pod(tmp_path: Path) -> None:
+    """Elastic workers run torchrun with --max-restarts: a data error must end the container at once."""
+    termination_log = tmp_path / "termination-log"
+    termination_log.touch()
+    config = {
+        "data": {"dataset": "imagefolder", "root": str(tmp_path / "no-data")},
+        "output_dir": str(tmp_path),
+    }
+    env = trainer_env(config, KUBETRAIN_TERMINATION_LOG=str(termination_log))
+    argv = [TORCHRUN, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3"]
+    argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "t"]
+    argv += ["--no-python", KUBETRAIN, "train"]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count("(exit code 3, DATA_ERROR)") == 1, output[-3000:]
+    worker = observe.read_pod(
+        _terminated_pod(result.returncode, termination_log.read_text()), 0, 0, "job-r0-w0"
+    )
+    assert worker.exit_code == ExitCode.DATA_ERROR

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain_trainer import config_loading, contract, distributed, logging_setup, termination
-from kubetrain_trainer.exit_codes import ExitCode
+from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES, ExitCode
 from kubetrain_trainer.failures import ConfigError, TrainerError, classify
 
 log = logging.getLogger("kubetrain_trainer")
@@ -104,6 +104,10 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+"""Set by torchrun's agent in its workers' environment: how often it restarts them after a failure."""
+
+
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
 
@@ -115,9 +119,27 @@ def _record_exit(code: ExitCode, text: str) -> None:
         termination.write_record(Path(record_path), termination.ExitRecord(int(code), code.name, text))
 
 
+def _stop_a_restarting_agent(code: ExitCode) -> None:
+    """Keep a permanent failure from being retried inside the pod.
+
+    An elastic worker's torchrun restarts its processes up to `--max-restarts` times (the survivors of a
+    lost peer re-rendezvous that way), so a bad config or missing data would fail that many times before
+    the operator saw it. The trainer stops its agent instead: torchrun exits on SIGTERM without closing the
+    rendezvous (the other workers' agents carry on), the container fails, and the operator reads the
+    recorded code and fails the job at once. Fixed-size workers run torchrun without restarts: nothing
+    to stop."""
+    if code not in PERMANENT_EXIT_CODES:
+        return
+    if int(os.environ.get(TORCHELASTIC_MAX_RESTARTS) or 0) <= 0:
+        return
+    log.error("exit code %d cannot be cured by a restart: stopping torchrun (pid %d)", code, os.getppid())
+    os.kill(os.getppid(), signal.SIGTERM)
+
+
 def _report_failure(error: BaseException) -> int:
     code = classify(error)
     _record_exit(code, str(error) or type(error).__name__)
+    _stop_a_restarting_agent(code)
     if isinstance(error, TrainerError):
         log.error("%s (exit code %d, %s)", error, code, code.name)
     elif code == ExitCode.INTERRUPTED:
