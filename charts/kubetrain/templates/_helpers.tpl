@@ -123,9 +123,18 @@ No Secrets, ConfigMaps, ServiceAccounts or RBAC objects: the operator never touc
   resources: ["events"]
   verbs: ["create"]
 {{- range .Values.gangSchedulers }}
+{{- if eq . "kubernetes" }}
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "delete"]
+{{- else }}
 - apiGroups: [{{ get (dict "volcano" "scheduling.volcano.sh" "scheduler-plugins" "scheduling.x-k8s.io") . | quote }}]
   resources: ["podgroups"]
   verbs: ["get", "create"]
+{{- end }}
 {{- end }}
 {{- end }}
 
