@@ -299,16 +299,16 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     labels = {**(spec.pod_labels or {}), **worker_labels(ctx.owner.name, ctx.restart_attempt, index)}
     annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
     provider = ctx.gang_provider
-    if provider == "kubernetes":
-        pod_spec["schedulingGroup"] = {
-            "podGroupName": names.attempt_pod_group_name(ctx.owner.name, ctx.restart_attempt)
-        }
-    elif provider == "volcano":
-        annotations[constants.VOLCANO_GROUP_ANNOTATION] = names.service_name(ctx.owner.name)
-        pod_spec.setdefault("schedulerName", constants.VOLCANO_SCHEDULER)
-    elif provider == "scheduler-plugins":
-        labels[constants.COSCHEDULING_GROUP_LABEL] = names.service_name(ctx.owner.name)
-        pod_spec.setdefault("schedulerName", constants.COSCHEDULING_SCHEDULER)
+    if provider is not None:
+        group = gang.group_name(provider, ctx.owner.name, ctx.restart_attempt)
+        if provider == "kubernetes":
+            pod_spec["schedulingGroup"] = {"podGroupName": group}
+        elif provider == "volcano":
+            annotations[constants.VOLCANO_GROUP_ANNOTATION] = group
+            pod_spec.setdefault("schedulerName", constants.VOLCANO_SCHEDULER)
+        else:
+            labels[constants.COSCHEDULING_GROUP_LABEL] = group
+            pod_spec.setdefault("schedulerName", constants.COSCHEDULING_SCHEDULER)
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 
@@ -346,13 +346,14 @@ def build_pod_group(ctx: Context) -> dict[str, Any] | None:
     if provider is None:
         return None
     labels = {**selector_labels(ctx.owner.name), constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
-    if provider == "kubernetes":
+    if provider in gang.PER_ATTEMPT_GROUPS:
         labels[constants.LABEL_RESTART_ATTEMPT] = str(ctx.restart_attempt)
-        name = names.attempt_pod_group_name(ctx.owner.name, ctx.restart_attempt)
+    metadata = _metadata(ctx, gang.group_name(provider, ctx.owner.name, ctx.restart_attempt), labels)
+    if provider == "kubernetes":
         return {
             "apiVersion": constants.KUBERNETES_SCHEDULING_API,
             "kind": "PodGroup",
-            "metadata": _metadata(ctx, name, labels),
+            "metadata": metadata,
             "spec": {
                 "workloadRef": {
                     "workloadName": names.service_name(ctx.owner.name),
@@ -361,7 +362,6 @@ def build_pod_group(ctx: Context) -> dict[str, Any] | None:
                 "schedulingPolicy": _gang_policy(ctx),
             },
         }
-    metadata = _metadata(ctx, names.service_name(ctx.owner.name), labels)
     gang_spec = ctx.spec.gang_scheduling
     assert gang_spec is not None  # a provider implies spec.gangScheduling
     spec: dict[str, Any] = {"minMember": ctx.spec.workers}

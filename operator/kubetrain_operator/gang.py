@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from kubetrain_operator import api, constants
+from kubetrain_operator import api, constants, names
 
 REQUIRED_RESOURCES: dict[api.GangProvider, tuple[str, frozenset[str]]] = {
     "kubernetes": (constants.KUBERNETES_SCHEDULING_API, frozenset({"workloads", "podgroups"})),
@@ -67,4 +67,23 @@ def missing_provider(spec: api.TrainingJobSpec, default: api.GangProvider | None
         f"{wanted} when the operator started: name spec.gangScheduling.provider, or enable one (for "
         "kubernetes, the GenericWorkload feature gate and --runtime-config=scheduling.k8s.io/v1beta1=true) "
         "and restart the operator"
+    )
+
+
+def group_name(provider: api.GangProvider, job_name: str, restart_attempt: int) -> str:
+    """The PodGroup the workers of `restart_attempt` join."""
+    if provider in PER_ATTEMPT_GROUPS:
+        return names.attempt_pod_group_name(job_name, restart_attempt)
+    return names.service_name(job_name)
+
+
+def waiting_message(
+    provider: api.GangProvider, job_name: str, restart_attempt: int, workers: int, scheduler_says: str | None
+) -> str:
+    """Why an unplaced gang waits: a worker's own message (one that fits alone is refused too, with the
+    group's reason) reads as if that worker were the problem, so say first that it is all or none."""
+    group = group_name(provider, job_name, restart_attempt)
+    return (
+        f"gang-scheduled ({provider}, PodGroup {group}): no worker starts until all {workers} fit at once; "
+        f"the scheduler says: {scheduler_says or 'nothing yet'}"
     )

@@ -425,6 +425,10 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
+    if ctx.gang_provider is not None and status["pendingReason"] == "Unschedulable":
+        status["pendingMessage"] = gang.waiting_message(
+            ctx.gang_provider, obs.name, attempt, spec.workers, status["pendingMessage"]
+        )
     if missing and status["pendingReason"] is None and obs.status.get("pendingReason") == "FailedCreate":
         # The controller recorded why creating workers failed; keep saying so until they exist.
         status["pendingReason"] = "FailedCreate"

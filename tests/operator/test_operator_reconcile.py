@@ -639,6 +639,23 @@ def test_the_pod_group_of_an_attempt_goes_with_its_jobs(
     assert [(d.kind, d.name, d.api_version) for d in p.delete if d.kind != "Job"] == deleted_groups
 
 
+@pytest.mark.parametrize("gang", [{"provider": "kubernetes"}, None])
+def test_an_unplaced_gang_says_it_waits_for_room_for_every_worker(gang: dict[str, str] | None) -> None:
+    refused = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    p = _plan(
+        spec=trainer_spec(workers=2, gangScheduling=gang),
+        status={**STARTED, "phase": "Pending"},
+        jobs=[job(0), job(1)],
+        pods=[pod(0, unschedulable=refused), pod(1, unschedulable=refused)],
+    )
+    assert p.status["pendingReason"] == "Unschedulable"
+    message = p.status["pendingMessage"]
+    assert message.endswith(refused)
+    gang_words = "gang-scheduled (kubernetes, PodGroup demo-r0): no worker starts until all 2 fit at once"
+    assert (gang_words in message) == (gang is not None)
+    assert [e.message for e in p.events if e.reason == "Unschedulable"] == [message]
+
+
 def test_gang_scheduling_without_a_provider_takes_the_clusters_and_is_refused_when_there_is_none() -> None:
     obs = observed(trainer_spec(gangScheduling={}), status={}, with_service=False)
     served = reconcile.plan(obs, NOW, reconcile.Defaults(gang_provider="kubernetes"))

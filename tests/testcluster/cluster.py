@@ -106,8 +106,17 @@ class Cluster:
         documents = manifest if isinstance(manifest, list) else [manifest]
         return self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
 
-    def add_nodes(self, count: int, *, prefix: str = "kwok-node", gpus: int = 8) -> list[str]:
-        """Create `count` kwok-managed nodes and wait until each reports Ready."""
+    def add_nodes(
+        self,
+        count: int,
+        *,
+        prefix: str = "kwok-node",
+        gpus: int = 8,
+        labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+    ) -> list[str]:
+        """Create `count` kwok-managed nodes and wait until each reports Ready. `labels` and `taints` make
+        a pool of a test's own, which no other test's pods land on."""
         names = [f"{prefix}-{index}" for index in range(count)]
         capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
         nodes = [
@@ -117,8 +126,9 @@ class Cluster:
                 "metadata": {
                     "name": name,
                     "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
                 },
+                "spec": {"taints": taints or []},
                 "status": {"allocatable": capacity, "capacity": capacity},
             }
             for name in names
