@@ -206,7 +206,7 @@ def _attempt_group_deletions(
     obs: Observed, deletions: Sequence[Deletion], default_provider: api.GangProvider | None
 ) -> list[Deletion]:
     """The PodGroups of the restart attempts whose Jobs go (provider kubernetes makes one per attempt):
-    deleted with them, so a TrainingJob keeps at most its current attempt's group. The scheduler's
+    deleted with them, so a TrainingJob keeps at most its current attempt's group. The
     podgroup-protection finalizer holds each until its pods are gone. The raw spec is read here: a spec
     the planner refused deletes no Jobs."""
     gang_spec = obs.spec.get("gangScheduling")
