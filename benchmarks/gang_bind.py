@@ -112,7 +112,9 @@ class PodWatch:
             return len(self.alive.get(job, ()))
 
     def stop(self) -> None:
-        self.response.release_conn()
+        """Interrupt the thread's blocking read (closing alone would wait for it), then close."""
+        self.response.shutdown()
+        self.thread.join(timeout=10)
         self.response.close()
 
 

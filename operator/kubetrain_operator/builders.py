@@ -312,8 +312,14 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 
-def _gang_policy(ctx: Context) -> dict[str, Any]:
-    return {"gang": {"minCount": ctx.spec.workers}}
+def _gang_group(ctx: Context) -> dict[str, Any]:
+    """What a Workload's podGroupTemplate and a PodGroup say alike: all `workers` or none, at the workers'
+    priority (copied as the Job controller copies its pod template's; without it the group, which the
+    scheduler queues and preempts as one, would have priority 0 whatever its pods have)."""
+    group: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": ctx.spec.workers}}}
+    if ctx.spec.priority_class_name:
+        group["priorityClassName"] = ctx.spec.priority_class_name
+    return group
 
 
 def build_workload(ctx: Context) -> dict[str, Any] | None:
@@ -329,7 +335,7 @@ def build_workload(ctx: Context) -> dict[str, Any] | None:
         "spec": {
             "controllerRef": {"apiGroup": constants.GROUP, "kind": constants.KIND, "name": ctx.owner.name},
             "podGroupTemplates": [
-                {"name": constants.WORKLOAD_TEMPLATE, "schedulingPolicy": _gang_policy(ctx)},
+                {"name": constants.WORKLOAD_TEMPLATE, **_gang_group(ctx)},
             ],
         },
     }
@@ -359,7 +365,7 @@ def build_pod_group(ctx: Context) -> dict[str, Any] | None:
                     "workloadName": names.service_name(ctx.owner.name),
                     "templateName": constants.WORKLOAD_TEMPLATE,
                 },
-                "schedulingPolicy": _gang_policy(ctx),
+                **_gang_group(ctx),
             },
         }
     gang_spec = ctx.spec.gang_scheduling

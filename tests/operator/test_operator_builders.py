@@ -331,6 +331,15 @@ def test_kubernetes_gang_scheduling_is_one_workload_and_one_pod_group_per_attemp
     assert "schedulerName" not in pod  # the default scheduler gangs them
 
 
+def test_a_kubernetes_gang_has_its_workers_priority() -> None:
+    spec = trainer_spec(gangScheduling={"provider": "kubernetes"}, priorityClassName="research-high")
+    ctx = context(spec=spec)
+    workload, group = builders.build_workload(ctx), builders.build_pod_group(ctx)
+    assert workload is not None and group is not None
+    assert workload["spec"]["podGroupTemplates"][0]["priorityClassName"] == "research-high"
+    assert group["spec"]["priorityClassName"] == "research-high"
+
+
 def test_only_the_kubernetes_provider_has_a_workload() -> None:
     volcano = context(spec=trainer_spec(gangScheduling={"provider": "volcano"}))
     assert builders.build_workload(volcano) is None
