@@ -63,30 +63,56 @@ GANG_RESOURCES = ("workloads", "podgroups")
 
 class PodWatch:
     """One namespace's pod watch in a thread: when each TrainingJob's pods were first seen, first seen
-    bound to a node, and whether they are gone."""
+    bound to a node, and whether they are gone. The API server closes a watch whose reader falls behind
+    (this one shares 2 loaded cores): it is opened again from the last version seen, or from a fresh
+    listing when that version is too old (`reopened` counts both)."""
 
     def __init__(self, api: Api, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
         self.lock = threading.Lock()
         self.created: dict[str, dict[str, float]] = {}
         self.bound: dict[str, dict[str, float]] = {}
         self.alive: dict[str, set[str]] = {}
-        listing = api.request("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")
-        query = f"watch=true&resourceVersion={listing['metadata']['resourceVersion']}&timeoutSeconds=3600"
-        self.response = api.pool.request(
-            "GET",
-            f"{api.server}/api/v1/namespaces/{namespace}/pods?{query}",
-            headers={"Accept": "application/json"},
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=10, read=None),
-        )
+        self.reopened = 0
+        self.stopping = False
+        self.response: Any = None
+        self.version = self._list()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def _list(self) -> str:
+        listing = self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+        now = time.monotonic()
+        with self.lock:
+            self.alive = {}  # deletions missed while no watch was open
+        for pod in listing["items"]:
+            self._record({"type": "ADDED", "object": pod}, now)
+        return listing["metadata"]["resourceVersion"]
+
     def _run(self) -> None:
-        with contextlib.suppress(Exception):  # closed by stop()
-            for line in self.response:
-                if line.strip():
-                    self._record(json.loads(line), time.monotonic())
+        while not self.stopping:
+            query = f"watch=true&resourceVersion={self.version}&timeoutSeconds=3600"
+            try:
+                self.response = self.api.pool.request(
+                    "GET",
+                    f"{self.api.server}/api/v1/namespaces/{self.namespace}/pods?{query}",
+                    headers={"Accept": "application/json"},
+                    preload_content=False,
+                    timeout=urllib3.Timeout(connect=10, read=None),
+                )
+                for line in self.response:
+                    if line.strip():
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":  # 410 Gone: the version is too old
+                            self.version = self._list()
+                            break
+                        self._record(event, time.monotonic())
+                        self.version = event["object"]["metadata"]["resourceVersion"]
+            except Exception:  # a broken stream: open it again, unless stopping
+                if self.stopping:
+                    return
+            self.reopened += 1
 
     def _record(self, event: dict[str, Any], now: float) -> None:
         pod = event["object"]
@@ -112,10 +138,11 @@ class PodWatch:
             return len(self.alive.get(job, ()))
 
     def stop(self) -> None:
-        """Interrupt the thread's blocking read (closing alone would wait for it), then close."""
-        self.response.shutdown()
+        """Interrupt the thread's blocking read (closing alone would wait for it)."""
+        self.stopping = True
+        with contextlib.suppress(RuntimeError):  # the stream had ended already
+            self.response.shutdown()
         self.thread.join(timeout=10)
-        self.response.close()
 
 
 def wait(predicate: Any, timeout: float, what: str) -> None:
@@ -163,6 +190,7 @@ def bind_latency(
                     "all_created_seconds": round(max(created) - submitted, 3),
                     "all_bound_seconds": round(max(bound) - submitted, 3),
                 }
+                row["watch_reopened_so_far"] = watch.reopened
                 rows.append(row)
                 print(f"  {variant} W={size} #{repeat}: {row['all_bound_seconds']:.2f} s", flush=True)
                 path = f"{TJ_PATH}/namespaces/{namespace}/{constants.PLURAL}/{name}"
