@@ -4,12 +4,12 @@ Modules, in order: each imports only modules listed before it (and the torch-fre
 package: its config, contract and exit codes).
 
 - The API: `constants`, `api` (the pydantic models, the one source of truth for the CRD), `names`.
-- The pure core, no I/O: `observe` (reading child objects), `status`, `failure`, `builders` (child
-  manifests), `admission` (what the operator's flags let a spec ask for), `queueing` (Kueue: the
-  Workload of a queued TrainingJob and what its status means), `reconcile` (the planner:
-  spec + observed children -> plan) with `membership` (its policy for elastic jobs, which builds on
-  reconcile's plan types: the one pair that import each other), `crdgen` and `apidocs` (the CRD YAML and
-  its docs, from the models).
+- The pure core, no I/O: `observe` (reading child objects), `status`, `failure`, `gang` (which gang
+  scheduler, and its group names), `builders` (child manifests), `admission` (what the operator's flags
+  let a spec ask for), `queueing` (Kueue: the Workload of a queued TrainingJob and what its status
+  means), `reconcile` (the planner: spec + observed children -> plan) with `membership` (its policy for
+  elastic jobs, which builds on reconcile's plan types: the one pair that import each other), `crdgen`
+  and `apidocs` (the CRD YAML and its docs, from the models).
 - The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
   that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
   `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a

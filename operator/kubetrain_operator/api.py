@@ -839,16 +839,25 @@ class Toleration(_Model):
         return self
 
 
-class GangScheduling(_Model):
-    """All workers are placed together or not at all, by a gang scheduler through a PodGroup."""
+GangProvider = Literal["kubernetes", "volcano", "scheduler-plugins"]
 
-    provider: Literal["volcano", "scheduler-plugins"] = Field(
-        ...,
+
+class GangScheduling(_Model):
+    """All workers are placed together or not at all, by a gang scheduler (see `gang`)."""
+
+    provider: GangProvider | None = Field(
+        None,
         description=(
-            "provider is the gang scheduler: volcano (a scheduling.volcano.sh/v1beta1 PodGroup, pods "
-            "annotated scheduling.k8s.io/group-name) or scheduler-plugins (a scheduling.x-k8s.io/v1alpha1 "
-            "PodGroup for the Coscheduling plugin, pods labelled scheduling.x-k8s.io/pod-group). The "
-            "PodGroup is named like the Service and requires every worker (minMember = workers). Required."
+            "provider is the gang scheduler: kubernetes (the default scheduler's gang scheduling, "
+            "Kubernetes 1.37+ with the GenericWorkload feature gate and scheduling.k8s.io/v1beta1 served: "
+            "one Workload named like the Service, and per restart attempt one PodGroup "
+            "<service>-r<attempt>, which the pods join through spec.schedulingGroup), volcano (a "
+            "scheduling.volcano.sh/v1beta1 PodGroup, pods annotated scheduling.k8s.io/group-name) or "
+            "scheduler-plugins (a scheduling.x-k8s.io/v1alpha1 PodGroup for the Coscheduling plugin, pods "
+            "labelled scheduling.x-k8s.io/pod-group). Every group requires all workers (minCount or "
+            "minMember = workers); the volcano and scheduler-plugins PodGroups are named like the Service. "
+            "Default: the first of kubernetes, volcano, scheduler-plugins whose API the cluster served when "
+            "the operator started."
         ),
     )
     queue: str | None = Field(
@@ -1290,8 +1299,8 @@ class TrainingJobSpec(_Model):
         max_length=253,
         description=(
             "schedulerName picks the scheduler for the workers, e.g. a gang scheduler (volcano, "
-            "scheduler-plugins). Default: the cluster default. Mutable: applies to workers created after "
-            "the change."
+            "scheduler-plugins-scheduler). Default: the cluster default. Mutable: applies to workers created "
+            "after the change."
         ),
     )
     service_account_name: str | None = Field(
@@ -1326,10 +1335,10 @@ class TrainingJobSpec(_Model):
         None,
         description=(
             "gangScheduling makes a gang scheduler place all workers at once, so a half-scheduled group "
-            "never holds GPUs while waiting: the operator creates a PodGroup and sets schedulerName to "
-            "volcano (for provider volcano) or scheduler-plugins-scheduler unless spec.schedulerName says "
-            "otherwise. Needs that scheduler and its CRDs installed. Default: none (the default scheduler). "
-            "Immutable."
+            "never holds GPUs while waiting: the operator creates the provider's group objects before the "
+            "workers, and for volcano and scheduler-plugins sets schedulerName to volcano or "
+            "scheduler-plugins-scheduler unless spec.schedulerName says otherwise (kubernetes needs no "
+            "other scheduler). Default: none (each worker is scheduled on its own). Immutable."
         ),
     )
     managed_by: str | None = Field(

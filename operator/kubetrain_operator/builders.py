@@ -4,6 +4,7 @@ Children: one headless Service (stable DNS for the workers) and, per restart att
 worker (completions 1, parallelism 1, backoffLimit 0: restarts belong to the operator, for the whole
 group). Each pod's hostname is its Job's name and its subdomain the Service's, so worker i is reachable
 at `<base>-r<attempt>-w<i>.<base>.<namespace>.svc` as soon as its pod exists (publishNotReadyAddresses).
+With spec.gangScheduling, also the provider's group objects (a Workload and PodGroups; see gang).
 
 Worker environment (see kubetrain_trainer.contract):
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from kubetrain_trainer import contract
 
-from kubetrain_operator import api, constants, names
+from kubetrain_operator import api, constants, gang, names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ class Context:
     may patch its own pod's progress annotation); None leaves the namespace's default account."""
     placement: Placement | None = None
     """The admission's additions to the worker pods; None when no queueing system admitted the job."""
+    default_gang_provider: api.GangProvider | None = None
+    """The gang scheduler for a spec.gangScheduling naming no provider (see gang.default_provider)."""
+
+    @property
+    def gang_provider(self) -> api.GangProvider | None:
+        return gang.provider(self.spec, self.default_gang_provider)
 
 
 RESTRICTED_POD_SECURITY: dict[str, Any] = {
@@ -356,10 +363,12 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     if ctx.placement is not None:
         labels.update(ctx.placement.labels)
     annotations = {**(spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name}
-    gang = spec.gang_scheduling
-    if gang is not None:
-        group = names.service_name(ctx.owner.name)
-        if gang.provider == "volcano":
+    provider = ctx.gang_provider
+    if provider is not None:
+        group = gang.group_name(provider, ctx.owner.name, ctx.restart_attempt)
+        if provider == "kubernetes":
+            pod_spec["schedulingGroup"] = {"podGroupName": group}
+        elif provider == "volcano":
             annotations[constants.VOLCANO_GROUP_ANNOTATION] = group
             pod_spec.setdefault("schedulerName", constants.VOLCANO_SCHEDULER)
         else:
@@ -368,36 +377,74 @@ def build_pod_template(ctx: Context, index: int) -> dict[str, Any]:
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 
-def build_pod_group(ctx: Context) -> dict[str, Any] | None:
-    """The PodGroup asking the gang scheduler to place every worker at once (None without gangScheduling).
+def _gang_group(ctx: Context) -> dict[str, Any]:
+    """What a Workload's podGroupTemplate and a PodGroup say alike: all `workers` or none, at the workers'
+    priority (copied as the Job controller copies its pod template's; without it the group, which the
+    scheduler queues and preempts as one, would have priority 0 whatever its pods have)."""
+    group: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": ctx.spec.workers}}}
+    if ctx.spec.priority_class_name:
+        group["priorityClassName"] = ctx.spec.priority_class_name
+    return group
 
-    One per TrainingJob, reused by every restart attempt: the operator starts an attempt only after the
-    previous attempt's Jobs are gone, so the group never counts pods of two attempts.
-    """
-    gang = ctx.spec.gang_scheduling
-    if gang is None:
+
+def build_workload(ctx: Context) -> dict[str, Any] | None:
+    """The Workload of a TrainingJob gang-scheduled by Kubernetes (None for any other provider): its one
+    podGroupTemplate says all `workers` pods or none. Made with the Service, once per TrainingJob."""
+    if ctx.gang_provider != "kubernetes":
         return None
     labels = {**selector_labels(ctx.owner.name), constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
-    metadata = _metadata(ctx, names.service_name(ctx.owner.name), labels)
-    if gang.provider == "volcano":
-        spec: dict[str, Any] = {"minMember": ctx.spec.workers}
-        if gang.queue:
-            spec["queue"] = gang.queue
+    return {
+        "apiVersion": constants.KUBERNETES_SCHEDULING_API,
+        "kind": "Workload",
+        "metadata": _metadata(ctx, names.service_name(ctx.owner.name), labels),
+        "spec": {
+            "controllerRef": {"apiGroup": constants.GROUP, "kind": constants.KIND, "name": ctx.owner.name},
+            "podGroupTemplates": [
+                {"name": constants.WORKLOAD_TEMPLATE, **_gang_group(ctx)},
+            ],
+        },
+    }
+
+
+def build_pod_group(ctx: Context) -> dict[str, Any] | None:
+    """The group asking the gang scheduler to place every worker at once (None without gangScheduling).
+
+    kubernetes: one per restart attempt (see gang), made from the Workload's template with the attempt's
+    Jobs. volcano and scheduler-plugins: one per TrainingJob, made with the Service and reused by every
+    attempt: the operator starts an attempt only after the previous attempt's Jobs are gone.
+    """
+    provider = ctx.gang_provider
+    if provider is None:
+        return None
+    labels = {**selector_labels(ctx.owner.name), constants.LABEL_MANAGED_BY: constants.MANAGED_BY}
+    if provider in gang.PER_ATTEMPT_GROUPS:
+        labels[constants.LABEL_RESTART_ATTEMPT] = str(ctx.restart_attempt)
+    metadata = _metadata(ctx, gang.group_name(provider, ctx.owner.name, ctx.restart_attempt), labels)
+    if provider == "kubernetes":
         return {
-            "apiVersion": constants.VOLCANO_PODGROUP_API,
+            "apiVersion": constants.KUBERNETES_SCHEDULING_API,
             "kind": "PodGroup",
             "metadata": metadata,
-            "spec": spec,
+            "spec": {
+                "workloadRef": {
+                    "workloadName": names.service_name(ctx.owner.name),
+                    "templateName": constants.WORKLOAD_TEMPLATE,
+                },
+                **_gang_group(ctx),
+            },
         }
-    spec = {"minMember": ctx.spec.workers}
-    if gang.schedule_timeout_seconds:
-        spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
-    return {
-        "apiVersion": constants.COSCHEDULING_PODGROUP_API,
-        "kind": "PodGroup",
-        "metadata": metadata,
-        "spec": spec,
-    }
+    gang_spec = ctx.spec.gang_scheduling
+    assert gang_spec is not None  # a provider implies spec.gangScheduling
+    spec: dict[str, Any] = {"minMember": ctx.spec.workers}
+    if provider == "volcano":
+        if gang_spec.queue:
+            spec["queue"] = gang_spec.queue
+        api_version = constants.VOLCANO_PODGROUP_API
+    else:
+        if gang_spec.schedule_timeout_seconds:
+            spec["scheduleTimeoutSeconds"] = gang_spec.schedule_timeout_seconds
+        api_version = constants.COSCHEDULING_PODGROUP_API
+    return {"apiVersion": api_version, "kind": "PodGroup", "metadata": metadata, "spec": spec}
 
 
 def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:

@@ -44,7 +44,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 FIELD_MANAGER = "kubetrain-operator"
 
-# Gang scheduling (spec.gangScheduling): PodGroup kinds and how pods join them.
+# Gang scheduling (spec.gangScheduling, see gang.py): group kinds and how pods join them.
+KUBERNETES_SCHEDULING_API = "scheduling.k8s.io/v1beta1"
+"""Workload and PodGroup of Kubernetes' own gang scheduling (KEP-4671), served from 1.37 on."""
+WORKLOAD_TEMPLATE = "workers"
+"""The one podGroupTemplate of a TrainingJob's Workload, which its PodGroups name in workloadRef."""
 VOLCANO_PODGROUP_API = "scheduling.volcano.sh/v1beta1"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"

@@ -43,7 +43,6 @@ from kubetrain_operator import (
     fieldpaths,
     informer,
     kube,
-    names,
     observe,
     reconcile,
     workeridentity,
@@ -53,11 +52,6 @@ from kubetrain_operator.cache import ClusterCache, Key
 from kubetrain_operator.metrics import Metrics
 
 logger = logging.getLogger("kubetrain.operator")
-
-GANG_APIS = {
-    "volcano": constants.VOLCANO_PODGROUP_API,
-    "scheduler-plugins": constants.COSCHEDULING_PODGROUP_API,
-}
 
 ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Delays before re-running a reconcile that failed: the k-th consecutive error waits ERROR_BACKOFF[k]."""
@@ -386,18 +380,11 @@ class Controller:
         if not reconcile.managed_here(body):
             self.forget(namespace, name)  # another controller runs it: no status, no children, no metrics
             return Outcome()
-        pod_group = None
-        gang = (body.get("spec") or {}).get("gangScheduling") or {}
-        if gang.get("provider") in GANG_APIS:  # rare: not worth a watch, read when asked for
-            pod_group = self.kube.get(
-                "PodGroup", namespace, names.service_name(name), api_version=GANG_APIS[gang["provider"]]
-            )
         observed = reconcile.Observed.from_objects(
             body,
             services=self.cache.children(namespace, name, "Service"),
             jobs=self.cache.children(namespace, name, "Job"),
             pods=self.cache.children(namespace, name, "Pod"),
-            pod_group=pod_group,
             workloads=self.cache.children(namespace, name, "Workload"),
             flavors=self.cache.cluster_objects("ResourceFlavor"),
         )
@@ -429,7 +416,14 @@ class Controller:
             body = written  # later writes are guarded by the version this one made
         if not creations_only:
             for deletion in plan.delete:
-                self.kube.delete(deletion.kind, namespace, deletion.name, deletion.propagation, deletion.uid)
+                self.kube.delete(
+                    deletion.kind,
+                    namespace,
+                    deletion.name,
+                    deletion.propagation,
+                    deletion.uid,
+                    api_version=deletion.api_version,
+                )
             if not self._create_all(body, plan, outcome):
                 return outcome
         if not self._write_workload(observed, plan):
@@ -529,7 +523,7 @@ class Controller:
         return written
 
     def _create_all(self, body: dict[str, Any], plan: reconcile.Plan, outcome: Outcome) -> bool:
-        """Create the plan's objects: a gang-scheduling PodGroup or a Kueue Workload first (no worker pod
+        """Create the plan's objects: the gang-scheduling objects or a Kueue Workload first (no worker pod
         may wait for a missing group), then the Service and Jobs concurrently. False when the spec cannot
         work."""
         first = [m for m in plan.create if m["kind"] not in ("Service", "Job")]
@@ -581,8 +575,8 @@ class Controller:
                 raise kube.ApiError(
                     404,
                     "NotFound",
-                    f"{manifest['apiVersion']} {manifest['kind']} is not served by this cluster: install the "
-                    "gang scheduler's CRDs or remove spec.gangScheduling",
+                    f"{manifest['apiVersion']} {manifest['kind']} is not served by this cluster: install or "
+                    "enable that gang scheduler's API, or change spec.gangScheduling",
                 ) from exc
             if exc.invalid:
                 raise InvalidChildError(manifest, exc.message) from exc

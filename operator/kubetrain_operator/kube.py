@@ -195,6 +195,17 @@ class Kube:
                 return None
             raise
 
+    def served_resources(self, api_version: str) -> frozenset[str]:
+        """The resources (not subresources) the API server serves in a group version, from discovery;
+        empty when it serves no such group version."""
+        try:
+            answer = self.request("GET", f"/apis/{api_version}")
+        except ApiError as exc:
+            if exc.not_found:
+                return frozenset()
+            raise
+        return frozenset(r["name"] for r in answer.get("resources") or () if "/" not in r.get("name", "/"))
+
     def watch(
         self,
         kind: str,
@@ -265,7 +276,14 @@ class Kube:
         )
 
     def delete(
-        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        propagation: str = "Background",
+        uid: str | None = None,
+        *,
+        api_version: str | None = None,
     ) -> None:
         """Delete the object; with `uid`, only that very object (a uid precondition), never a namesake
         created since it was read. Gone already, or replaced by a namesake (409), is success."""
@@ -273,7 +291,7 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", path(kind, namespace, name), body=body)
+            self.request("DELETE", path(kind, namespace, name, api_version=api_version), body=body)
         except ApiError as exc:
             if not (exc.not_found or (uid and exc.conflict)):
                 raise

@@ -48,8 +48,10 @@ import kopf
 from kubetrain_operator import (
     __version__,
     admission,
+    api,
     constants,
     events,
+    gang,
     handlers,  # noqa: F401  (registers the kopf handlers)
     informer,
     kube,
@@ -169,6 +171,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
     # operator restart, and until then a queued TrainingJob waits, saying so.
     kueue = options.kueue and client.serves(constants.KUEUE_API)
+    gang_provider = _discover_gang_provider(client)
     controller = Controller(
         client,
         ClusterCache(),
@@ -178,6 +181,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
             resync_seconds=options.resync_seconds,
             policy=options.policy(),
             kueue=kueue,
+            gang_provider=gang_provider,
         ),
         metrics=Metrics.create(),
         workers=options.workers,
@@ -214,6 +218,20 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
         f"found ({constants.KUEUE_API} served)" if kueue else "not installed",
     )
+
+
+def _discover_gang_provider(client: kube.Kube) -> api.GangProvider | None:
+    """The gang scheduler for TrainingJobs whose spec.gangScheduling names none: the first this cluster
+    serves (gang.default_provider). Asked once, at start: enabling another one takes a restart."""
+    served: dict[str, frozenset[str]] = {}
+    for api_version, _ in gang.REQUIRED_RESOURCES.values():
+        try:
+            served[api_version] = client.served_resources(api_version)
+        except kube.ApiError as exc:  # discovery is open to every account; say so and carry on without
+            logger.warning("cannot discover %s: %s", api_version, exc)
+    provider = gang.default_provider(served)
+    logger.info("gang scheduling without a provider uses: %s", provider or "none (no gang API served)")
+    return provider
 
 
 @kopf.on.cleanup()

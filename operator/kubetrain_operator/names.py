@@ -14,6 +14,8 @@ label of at most 50 characters, otherwise a sanitised prefix plus an 8-hex-digit
 - Service: `<base>`;
 - worker Job and pod hostname: `<base>-r<restartAttempt>-w<index>`, at most 63 characters for
   restartAttempt <= 1000 and index < 4096; worker DNS: `<base>-r<N>-w<i>.<base>.<namespace>.svc`;
+- gang-scheduling group objects (see gang): `<base>` (the Workload, and the PodGroup of volcano and
+  scheduler-plugins), `<base>-r<restartAttempt>` (a kubernetes PodGroup, one per attempt);
 - label `kubetrain.io/job-name`: the TrainingJob name when it fits 63 characters, else a prefix plus hash.
 """
 
@@ -71,6 +73,11 @@ def service_name(job_name: str) -> str:
 def worker_job_name(job_name: str, restart_attempt: int, index: int) -> str:
     """Worker `index`'s Job in `restart_attempt`; also the pod's hostname: `<base>-r<attempt>-w<index>`."""
     return f"{base(job_name)}-r{restart_attempt}-w{index}"
+
+
+def attempt_pod_group_name(job_name: str, restart_attempt: int) -> str:
+    """The PodGroup of one restart attempt's workers (provider kubernetes): `<base>-r<attempt>`."""
+    return f"{base(job_name)}-r{restart_attempt}"
 
 
 def worker_hostname(job_name: str, restart_attempt: int, index: int) -> str:

@@ -33,6 +33,7 @@ from kubetrain_operator import (
     builders,
     constants,
     failure,
+    gang,
     membership,
     names,
     observe,
@@ -56,12 +57,14 @@ Propagation = Literal["Foreground", "Background"]
 
 @dataclasses.dataclass(frozen=True)
 class Deletion:
-    kind: Literal["Job", "Service"]
+    kind: Literal["Job", "Service", "PodGroup"]
     name: str
     propagation: Propagation = "Background"
     uid: str | None = None
     """The uid of the object as observed: the shell deletes only that object (a uid precondition), never
     a namesake created since the observation."""
+    api_version: str | None = None
+    """For kinds outside the core and batch groups (a restart attempt's PodGroup)."""
 
 
 def _deletion(
@@ -91,8 +94,6 @@ class Observed:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The TrainingJob's labels: kueue.x-k8s.io/queue-name asks Kueue to admit it (see queueing)."""
     service: Mapping[str, Any] | None = None
-    pod_group: Mapping[str, Any] | None = None
-    """The gang-scheduling PodGroup, when spec.gangScheduling asks for one and it exists."""
     workload: Mapping[str, Any] | None = None
     """The Kueue Workload this TrainingJob controls, when it is queued and the Workload exists."""
     flavors: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -111,7 +112,6 @@ class Observed:
         services: Sequence[Mapping[str, Any]],
         jobs: Sequence[Mapping[str, Any]],
         pods: Sequence[Mapping[str, Any]],
-        pod_group: Mapping[str, Any] | None = None,
         workloads: Sequence[Mapping[str, Any]] = (),
         flavors: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Observed:
@@ -122,9 +122,6 @@ class Observed:
         job_uids = {j.get("metadata", {}).get("uid") for j in own_jobs}
         others = [("Service", s) for s in services if not observe.controlled_by(s, uid)]
         others += [("Job", j) for j in jobs if not observe.controlled_by(j, uid)]
-        if pod_group is not None and not observe.controlled_by(pod_group, uid):
-            others.append(("PodGroup", pod_group))
-            pod_group = None
         others += [("Workload", w) for w in workloads if not observe.controlled_by(w, uid)]
         return cls(
             name=meta["name"],
@@ -135,7 +132,6 @@ class Observed:
             generation=meta.get("generation"),
             labels=meta.get("labels") or {},
             service=next((s for s in services if observe.controlled_by(s, uid)), None),
-            pod_group=pod_group,
             workload=next((w for w in workloads if observe.controlled_by(w, uid)), None),
             flavors=flavors or {},
             jobs=own_jobs,
@@ -177,6 +173,9 @@ class Defaults:
     stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
     policy: admission.Policy = dataclasses.field(default_factory=admission.Policy)
+    gang_provider: api.GangProvider | None = None
+    """The gang scheduler for TrainingJobs whose spec.gangScheduling names none: the first the cluster
+    served when the operator started (gang.default_provider), None when it served none."""
     kueue: bool = False
     """Whether the cluster serves Kueue's Workload API (checked when the operator starts)."""
 
@@ -238,6 +237,36 @@ def _cleanup(
 
 def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     """Decide everything one reconcile of `obs` should do."""
+    out = _plan(obs, now, defaults)
+    out.delete += _attempt_group_deletions(obs, out.delete, defaults.gang_provider)
+    return out
+
+
+def _attempt_group_deletions(
+    obs: Observed, deletions: Sequence[Deletion], default_provider: api.GangProvider | None
+) -> list[Deletion]:
+    """The PodGroups of the restart attempts whose Jobs go (provider kubernetes makes one per attempt):
+    deleted with them, so a TrainingJob keeps at most its current attempt's group. The
+    podgroup-protection finalizer holds each until its pods are gone. The raw spec is read here: a spec
+    the planner refused deletes no Jobs."""
+    gang_spec = obs.spec.get("gangScheduling")
+    if gang_spec is None or (gang_spec.get("provider") or default_provider) != "kubernetes":
+        return []
+    deleted = {d.name for d in deletions if d.kind == "Job"}
+    attempts = sorted(
+        {key[0] for job in obs.jobs if _name(job) in deleted and (key := observe.worker_key(job)) is not None}
+    )
+    return [
+        Deletion(
+            "PodGroup",
+            names.attempt_pod_group_name(obs.name, attempt),
+            api_version=constants.KUBERNETES_SCHEDULING_API,
+        )
+        for attempt in attempts
+    ]
+
+
+def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     status: dict[str, Any] = copy.deepcopy(dict(obs.status))
     status["observedGeneration"] = obs.generation
     attempt = int(status.get("restartAttempt") or 0)
@@ -253,7 +282,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         spec = api.TrainingJobSpec.model_validate(dict(obs.spec))
     except pydantic.ValidationError as exc:
         return _refuse(obs, out, "InvalidSpec", f"invalid spec: {spec_error(exc)}", now)
-    refused = admission.refusal(spec, defaults.policy)
+    refused = admission.refusal(spec, defaults.policy) or gang.missing_provider(spec, defaults.gang_provider)
     if refused is not None:
         return _refuse(obs, out, "NotAllowed", refused, now)
     if st.is_true(status, "SpecRefused"):
@@ -367,6 +396,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         restart_attempt=attempt,
         default_image=defaults.image,
         default_service_account=defaults.service_account,
+        default_gang_provider=defaults.gang_provider,
         placement=queue.placement,
     )
     if spec.elastic is not None:
@@ -418,12 +448,18 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
         return out
 
     # 7. Create what is missing of the current attempt.
-    if obs.service is None:
-        out.create.append(builders.build_service(ctx))
-    pod_group = builders.build_pod_group(ctx)
-    if pod_group is not None and obs.pod_group is None:
-        out.create.append(pod_group)  # before the Jobs, so no worker pod waits for a missing group
     missing = [w for w in workers if w.phase == "missing"]
+    # The gang's objects go with what they belong to, so no request is spent checking on them: the
+    # TrainingJob's (the Workload; a volcano or scheduler-plugins PodGroup) with the Service, an attempt's
+    # PodGroup with that attempt's first Jobs. The shell creates them before the Service and Jobs, so no
+    # worker pod waits for a missing group, and takes a 409 for one of ours as done.
+    if obs.service is None:
+        workload = builders.build_workload(ctx)
+        out.create += ([workload] if workload else []) + [builders.build_service(ctx)]
+    group = builders.build_pod_group(ctx)
+    per_attempt = ctx.gang_provider in gang.PER_ATTEMPT_GROUPS
+    if group is not None and (len(missing) == spec.workers if per_attempt else obs.service is None):
+        out.create.append(group)
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
     taken = set(obs.taken)
     blocked = [f"{m['kind']} {m['metadata']['name']}" for m in out.create if (m["kind"], _name(m)) in taken]
@@ -464,6 +500,10 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
+    if ctx.gang_provider is not None and status["pendingReason"] == "Unschedulable":
+        status["pendingMessage"] = gang.waiting_message(
+            ctx.gang_provider, obs.name, attempt, spec.workers, status["pendingMessage"]
+        )
     if missing and status["pendingReason"] is None and obs.status.get("pendingReason") == "FailedCreate":
         # The controller recorded why creating workers failed; keep saying so until they exist.
         status["pendingReason"] = "FailedCreate"

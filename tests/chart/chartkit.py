@@ -34,7 +34,11 @@ OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
     *(("", "pods", verb) for verb in ("list", "watch")),
     # kopf and the controller post core v1 Events on every transition.
     ("", "events", "create"),
-    # spec.gangScheduling: one PodGroup per TrainingJob for Volcano or scheduler-plugins (both by default).
+    # spec.gangScheduling (every provider by default): kubernetes, one Workload per TrainingJob and one
+    # PodGroup per restart attempt, deleted with the attempt's Jobs; volcano and scheduler-plugins, one
+    # PodGroup per TrainingJob. `get` only when a create answers 409.
+    *(("scheduling.k8s.io", "workloads", verb) for verb in ("get", "create")),
+    *(("scheduling.k8s.io", "podgroups", verb) for verb in ("get", "create", "delete")),
     *(
         (group, "podgroups", verb)
         for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io")

@@ -446,7 +446,10 @@ def submit_job(cluster: Cluster, namespace: str, name: str) -> None:
         "apiVersion": "kubetrain.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"workers": 2, "launcher": "plain", "command": ["python", "-c", "print('ok')"]},
+        # Gang-scheduled by the cluster's default provider (the Workload API): the token must create
+        # the Workload and the PodGroup too.
+        "spec": {"workers": 2, "launcher": "plain", "command": ["python", "-c", "print('ok')"],
+                 "gangScheduling": {}},
     })  # fmt: skip
 
 
@@ -471,8 +474,8 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
 ) -> None:
     """The strongest RBAC proof: the real operator, started with the pod's own command (the image's
     ENTRYPOINT unless the chart overrides it) and arguments, authenticated only by the chart's
-    ServiceAccount token, reconciles a TrainingJob to Succeeded. The job's namespace enforces
-    `restricted`, so the worker pods the operator builds by default are admitted there.
+    ServiceAccount token, reconciles a gang-scheduled TrainingJob to Succeeded. The job's namespace
+    enforces `restricted`, so the worker pods the operator builds by default are admitted there.
     Namespaced with leader election is the narrowest grant (Roles only, the Lease by name) with the most
     moving parts; cluster-wide is the ClusterRole, without any namespace permissions."""
     cluster = chart.cluster
@@ -499,6 +502,7 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     assert len(workers) >= 2, "the workers' pods were not admitted"
     for pod in workers:
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "rbac-proof-r0"}
     # Without a ClusterRole, kopf's cluster-scoped scans (namespaces, CRDs) are refused and kopf falls
     # back to the given namespaces, as documented. Nothing the operator does in its namespace is refused.
     # (kopf retries those refused scans for about a minute before falling back; an operator that sets

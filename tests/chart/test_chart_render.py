@@ -471,13 +471,27 @@ def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
 
 
 def test_gang_scheduler_grants_follow_the_values(helm_bin: Path, tmp_path: Path) -> None:
-    def podgroup_groups(values: dict[str, Any]) -> set[str]:
+    def group_grants(values: dict[str, Any]) -> set[tuple[str, str]]:
         role = only(operator_objects(render(helm_bin, tmp_path, values), "ClusterRole"), "ClusterRole")
-        return {group for group, resource, _ in granted(role["rules"]) if resource == "podgroups"}
+        grants = granted(role["rules"])
+        return {
+            (group, resource)
+            for group, resource, _ in grants
+            if resource in ("podgroups", "workloads") and group != "kueue.x-k8s.io"
+        }
 
-    assert podgroup_groups({}) == {"scheduling.volcano.sh", "scheduling.x-k8s.io"}
-    assert podgroup_groups({"gangSchedulers": ["volcano"]}) == {"scheduling.volcano.sh"}
-    assert podgroup_groups({"gangSchedulers": []}) == set()
+    assert group_grants({}) == {
+        ("scheduling.k8s.io", "workloads"),
+        ("scheduling.k8s.io", "podgroups"),
+        ("scheduling.volcano.sh", "podgroups"),
+        ("scheduling.x-k8s.io", "podgroups"),
+    }
+    assert group_grants({"gangSchedulers": ["volcano"]}) == {("scheduling.volcano.sh", "podgroups")}
+    assert group_grants({"gangSchedulers": ["kubernetes"]}) == {
+        ("scheduling.k8s.io", "workloads"),
+        ("scheduling.k8s.io", "podgroups"),
+    }
+    assert group_grants({"gangSchedulers": []}) == set()
 
 
 def test_every_object_carries_the_release_labels(helm_bin: Path, tmp_path: Path) -> None:

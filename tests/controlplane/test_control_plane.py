@@ -49,6 +49,27 @@ def test_server_reports_its_real_version(cluster: Cluster) -> None:
     assert int(version["serverVersion"]["minor"]) >= 30
 
 
+def test_the_workload_api_is_served_and_a_pod_keeps_its_scheduling_group(
+    cluster: Cluster, namespace: str
+) -> None:
+    """GenericWorkload is on in the API server (else it drops spec.schedulingGroup without a word) and
+    scheduling.k8s.io/v1beta1 is served (a beta group version the API server leaves off by default)."""
+    resources = cluster.kubectl("api-resources", "--api-group=scheduling.k8s.io", "-o", "name").split()
+    assert {"workloads.scheduling.k8s.io", "podgroups.scheduling.k8s.io"} <= set(resources), resources
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "grouped", "annotations": {"sim.kubetrain.io/hold": "true"}},
+        "spec": {
+            "schedulingGroup": {"podGroupName": "not-yet-created"},
+            "containers": [{"name": "c", "image": "registry.local/none:1"}],
+        },
+    }
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(pod))
+    stored = _get(cluster, namespace, "pod", "grouped")
+    assert stored["spec"]["schedulingGroup"] == {"podGroupName": "not-yet-created"}
+
+
 def test_kubectl_lists_ready_kwok_nodes(cluster: Cluster) -> None:
     lines = cluster.kubectl("get", "nodes", "-l", "type=kwok", "--no-headers").splitlines()
     assert len(lines) >= 3

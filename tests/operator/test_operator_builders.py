@@ -299,6 +299,54 @@ def test_gang_scheduling_creates_a_pod_group_every_worker_joins(
     assert joined[key] == "demo"
 
 
+def test_kubernetes_gang_scheduling_is_one_workload_and_one_pod_group_per_attempt_the_pods_name() -> None:
+    ctx = context(spec=trainer_spec(workers=3, gangScheduling={"provider": "kubernetes"}), attempt=2)
+    workload = builders.build_workload(ctx)
+    assert workload is not None
+    assert (workload["apiVersion"], workload["kind"], workload["metadata"]["name"]) == (
+        "scheduling.k8s.io/v1beta1",
+        "Workload",
+        "demo",
+    )
+    assert workload["spec"] == {
+        "controllerRef": {"apiGroup": "kubetrain.io", "kind": "TrainingJob", "name": "demo"},
+        "podGroupTemplates": [{"name": "workers", "schedulingPolicy": {"gang": {"minCount": 3}}}],
+    }
+    group = builders.build_pod_group(ctx)
+    assert group is not None
+    assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (
+        "scheduling.k8s.io/v1beta1",
+        "PodGroup",
+        "demo-r2",
+    )
+    assert group["spec"] == {
+        "workloadRef": {"workloadName": "demo", "templateName": "workers"},
+        "schedulingPolicy": {"gang": {"minCount": 3}},
+    }
+    assert group["metadata"]["labels"]["kubetrain.io/restart-attempt"] == "2"
+    for owned in (workload, group):
+        assert owned["metadata"]["ownerReferences"][0]["controller"] is True
+    pod = builders.build_worker_job(ctx, 1)["spec"]["template"]["spec"]
+    assert pod["schedulingGroup"] == {"podGroupName": "demo-r2"}
+    assert "schedulerName" not in pod  # the default scheduler gangs them
+
+
+def test_a_kubernetes_gang_has_its_workers_priority() -> None:
+    spec = trainer_spec(gangScheduling={"provider": "kubernetes"}, priorityClassName="research-high")
+    ctx = context(spec=spec)
+    workload, group = builders.build_workload(ctx), builders.build_pod_group(ctx)
+    assert workload is not None and group is not None
+    assert workload["spec"]["podGroupTemplates"][0]["priorityClassName"] == "research-high"
+    assert group["spec"]["priorityClassName"] == "research-high"
+
+
+def test_only_the_kubernetes_provider_has_a_workload() -> None:
+    volcano = context(spec=trainer_spec(gangScheduling={"provider": "volcano"}))
+    assert builders.build_workload(volcano) is None
+    assert builders.build_workload(context()) is None
+    assert "schedulingGroup" not in builders.build_worker_job(volcano, 0)["spec"]["template"]["spec"]
+
+
 def test_an_explicit_scheduler_name_wins_and_no_gang_means_no_pod_group() -> None:
     ctx = context(spec=trainer_spec(schedulerName="my-volcano", gangScheduling={"provider": "volcano"}))
     assert builders.build_worker_job(ctx, 0)["spec"]["template"]["spec"]["schedulerName"] == "my-volcano"

@@ -130,6 +130,14 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, w
         def list_pages(self, *args: object) -> list[tuple[list[dict[str, object]], str]]:
             return []
 
+        def served_resources(self, api_version: str) -> frozenset[str]:
+            """Discovery: Volcano's PodGroup and the Workload API are both served."""
+            if api_version == "scheduling.volcano.sh/v1beta1":
+                return frozenset({"podgroups", "queues"})
+            if api_version == "scheduling.k8s.io/v1beta1":
+                return frozenset({"podgroups", "workloads"})
+            return frozenset()
+
     monkeypatch.setattr(kube, "Kube", NoApi)
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setitem(main._state, "options", main.Options(metrics_port=0, workers=3))
@@ -144,6 +152,7 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, w
         assert sorted(i.kind for i in memo["informers"]) == watched
         assert {i.namespace for i in memo["informers"] if i.kind != "ResourceFlavor"} == {"default"}
         assert memo["controller"].defaults.kueue is kueue_served
+        assert memo["controller"].defaults.gang_provider == "kubernetes"
     finally:
         for each in memo["informers"]:
             each.stop()

@@ -13,7 +13,7 @@ from kubetrain_operator import admission, api, builders, constants, informer, ku
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
-from operator_fakes import NS, pod, service, trainer_spec, trainingjob
+from operator_fakes import NS, pod, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -51,6 +51,7 @@ class FakeKube:
     def get(
         self, kind: str, namespace: str, name: str, api_version: str | None = None
     ) -> dict[str, Any] | None:
+        self.calls.append(f"get {kind} {name}")
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
@@ -95,7 +96,14 @@ class FakeKube:
         return [(items, str(self.rv))]
 
     def delete(
-        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        propagation: str = "Background",
+        uid: str | None = None,
+        *,
+        api_version: str | None = None,
     ) -> None:
         """Like `kube.Kube.delete`: gone or replaced by a namesake (uid precondition) is success. The
         garbage collector is modelled: Background removes the object now and its pods with it, or, while
@@ -549,24 +557,51 @@ def test_child_events_find_their_trainingjob(body: dict[str, Any], owner: str) -
     assert owner_name(body) == owner
 
 
-def test_a_gang_scheduled_job_creates_its_pod_group_once() -> None:
-    fake = _fake_with_job(
-        spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "scheduler-plugins"}}
-    )
+@pytest.mark.parametrize(
+    ("provider", "groups"),
+    [
+        ("scheduler-plugins", [("PodGroup", "demo")]),
+        ("kubernetes", [("Workload", "demo"), ("PodGroup", "demo-r0")]),
+    ],
+)
+def test_a_gang_scheduled_job_creates_its_group_objects_first_once_and_never_reads_them(
+    provider: str, groups: list[tuple[str, str]]
+) -> None:
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": provider}})
     ctl = _controller(fake)
     ctl.reconcile(NS, "demo")
     ctl.reconcile(NS, "demo")
-    assert fake.creations.count(("PodGroup", "demo")) == 1
+    created = [c for c in fake.calls if c.startswith("create")]
+    assert created[: len(groups)] == [f"create {kind} {name}" for kind, name in groups]
+    assert sorted(fake.creations) == sorted(
+        [*groups, ("Service", "demo"), ("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")]
+    )
+    assert not [c for c in fake.calls if c.startswith("get")]
 
 
-def test_a_missing_pod_group_kind_is_explained() -> None:
-    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "volcano"}})
-    fake.put(service())  # so that "demo" names only the PodGroup still to create
-    fake.fail_create["demo"] = kube.ApiError(404, "NotFound", "404 page not found")
+def test_a_restart_deletes_the_failed_attempts_pod_group_and_makes_the_next_ones() -> None:
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "kubernetes"}})
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.run_pods("Running", exit_codes={1: 11})
+    ctl.reconcile(NS, "demo")  # restart: the attempt's Jobs go, and its group with them
+    assert "delete PodGroup demo-r0 Background" in fake.calls
+    assert ("PodGroup", NS, "demo-r0") not in fake.objects
+    ctl.reconcile(NS, "demo")
+    created = [c for c in fake.calls if c.startswith("create")]
+    assert created[-3:] == ["create PodGroup demo-r1", "create Job demo-r1-w0", "create Job demo-r1-w1"]
+    assert fake.creations.count(("Workload", "demo")) == 1
+
+
+def test_a_group_kind_the_cluster_does_not_serve_is_explained_and_no_worker_is_created() -> None:
+    fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "kubernetes"}})
+    fake.fail_create["demo-r0"] = kube.ApiError(404, "NotFound", "404 page not found")
     ctl = _controller(fake)
     ctl.trigger(NS, "demo")
     assert fake.status()["pendingReason"] == "FailedCreate"
-    assert "install the gang scheduler's CRDs" in fake.status()["pendingMessage"]
+    assert (
+        "scheduling.k8s.io/v1beta1 PodGroup is not served by this cluster" in fake.status()["pendingMessage"]
+    )
     assert not [c for c in fake.creations if c[0] == "Job"]  # no half-scheduled group
 
 

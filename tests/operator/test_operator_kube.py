@@ -109,6 +109,33 @@ def test_get_of_a_missing_object_is_none_and_delete_of_one_is_fine() -> None:
     assert client.requests[1]["body"]["propagationPolicy"] == "Foreground"
 
 
+def test_a_pod_group_is_deleted_in_its_own_api_group() -> None:
+    client = FakeApiClient([(200, {})])
+    kube.Kube(client).delete("PodGroup", "ns", "demo-r0", api_version="scheduling.k8s.io/v1beta1")
+    assert client.requests[0]["path"] == "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups/demo-r0"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            (
+                200,
+                {"resources": [{"name": "podgroups"}, {"name": "podgroups/status"}, {"name": "workloads"}]},
+            ),
+            {"podgroups", "workloads"},
+        ),
+        ((404, {}), set()),
+    ],
+)
+def test_discovery_names_the_served_resources_without_subresources(
+    answer: tuple[int, dict[str, Any]], expected: set[str]
+) -> None:
+    client = FakeApiClient([answer])
+    assert kube.Kube(client).served_resources("scheduling.k8s.io/v1beta1") == expected
+    assert client.requests[0]["path"] == "/apis/scheduling.k8s.io/v1beta1"
+
+
 def test_list_pages_follows_continue_tokens_across_all_namespaces() -> None:
     pod = {"metadata": {"name": "p"}}
     api = FakeApiClient(

@@ -577,13 +577,107 @@ def test_a_failed_creation_stays_reported_until_the_workers_exist() -> None:
     assert done.status["pendingReason"] is None
 
 
-def test_gang_scheduled_jobs_get_their_pod_group_before_the_workers() -> None:
-    p = _plan(spec=trainer_spec(gangScheduling={"provider": "volcano"}), status={})
-    assert [(m["kind"], m["metadata"]["name"]) for m in p.create] == [
-        ("PodGroup", "demo"),
+@pytest.mark.parametrize(
+    ("provider", "with_service", "status", "jobs", "expected"),
+    [
+        (
+            "volcano",
+            False,
+            {},
+            [],
+            [("Service", "demo"), ("PodGroup", "demo"), ("Job", "demo-r0-w0"), ("Job", "demo-r0-w1")],
+        ),
+        (
+            "volcano",
+            True,
+            {**STARTED, "restartAttempt": 1},
+            [],
+            [("Job", "demo-r1-w0"), ("Job", "demo-r1-w1")],
+        ),
+        (
+            "kubernetes",
+            False,
+            {},
+            [],
+            [
+                ("Workload", "demo"),
+                ("Service", "demo"),
+                ("PodGroup", "demo-r0"),
+                ("Job", "demo-r0-w0"),
+                ("Job", "demo-r0-w1"),
+            ],
+        ),
+        (
+            "kubernetes",
+            True,
+            {**STARTED, "restartAttempt": 1},
+            [],
+            [("PodGroup", "demo-r1"), ("Job", "demo-r1-w0"), ("Job", "demo-r1-w1")],
+        ),
+        ("kubernetes", True, STARTED, [job(0)], [("Job", "demo-r0-w1")]),
+    ],
+)
+def test_gang_objects_are_created_with_what_they_belong_to(
+    provider: str,
+    with_service: bool,
+    status: dict[str, Any],
+    jobs: list[dict[str, Any]],
+    expected: list[tuple[str, str]],
+) -> None:
+    """The TrainingJob's (Workload; a volcano PodGroup) with the Service, a kubernetes attempt's PodGroup
+    with the attempt's first Jobs: never again, so the operator never has to read them back."""
+    spec = trainer_spec(gangScheduling={"provider": provider})
+    p = _plan(spec=spec, status=status, jobs=jobs, with_service=with_service)
+    assert [(m["kind"], m["metadata"]["name"]) for m in p.create] == expected
+
+
+@pytest.mark.parametrize(
+    ("provider", "deleted_groups"),
+    [("kubernetes", [("PodGroup", "demo-r0", "scheduling.k8s.io/v1beta1")]), ("volcano", [])],
+)
+@pytest.mark.parametrize("why", ["restart", "suspend"])
+def test_the_pod_group_of_an_attempt_goes_with_its_jobs(
+    provider: str, deleted_groups: list[tuple[str, str, str]], why: str
+) -> None:
+    gang = {"gangScheduling": {"provider": provider}}
+    spec = trainer_spec(**gang, runPolicy={"suspend": True}) if why == "suspend" else trainer_spec(**gang)
+    p = _plan(
+        spec=spec,
+        status=STARTED,
+        jobs=[job(0), job(1)],
+        pods=[pod(0, phase="Failed", exit_code=1), pod(1, phase="Running")],
+    )
+    assert [(d.kind, d.name) for d in p.delete if d.kind == "Job"] == [
         ("Job", "demo-r0-w0"),
         ("Job", "demo-r0-w1"),
     ]
+    assert [(d.kind, d.name, d.api_version) for d in p.delete if d.kind != "Job"] == deleted_groups
+
+
+@pytest.mark.parametrize("gang", [{"provider": "kubernetes"}, None])
+def test_an_unplaced_gang_says_it_waits_for_room_for_every_worker(gang: dict[str, str] | None) -> None:
+    refused = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    p = _plan(
+        spec=trainer_spec(workers=2, gangScheduling=gang),
+        status={**STARTED, "phase": "Pending"},
+        jobs=[job(0), job(1)],
+        pods=[pod(0, unschedulable=refused), pod(1, unschedulable=refused)],
+    )
+    assert p.status["pendingReason"] == "Unschedulable"
+    message = p.status["pendingMessage"]
+    assert message.endswith(refused)
+    gang_words = "gang-scheduled (kubernetes, PodGroup demo-r0): no worker starts until all 2 fit at once"
+    assert (gang_words in message) == (gang is not None)
+    assert [e.message for e in p.events if e.reason == "Unschedulable"] == [message]
+
+
+def test_gang_scheduling_without_a_provider_takes_the_clusters_and_is_refused_when_there_is_none() -> None:
+    obs = observed(trainer_spec(gangScheduling={}), status={}, with_service=False)
+    served = reconcile.plan(obs, NOW, reconcile.Defaults(gang_provider="kubernetes"))
+    assert [m["kind"] for m in served.create][:3] == ["Workload", "Service", "PodGroup"]
+    none = reconcile.plan(obs, NOW, reconcile.Defaults(gang_provider=None))
+    assert none.create == [] and none.status["phase"] == "Failed"
+    assert "spec.gangScheduling names no provider" in none.status["message"]
 
 
 def _from_namesake(obj: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,13 @@ _COMPONENTS = (
     "kwok",
 )
 _SANDBOX_API_PORT = 6443
+WORKLOAD_API_GATES = "--feature-gates=GenericWorkload=true"
+"""Kubernetes' native gang scheduling (KEP-4671): the Workload and PodGroup API, the scheduler's
+GangScheduling plugin and the controllers that know PodGroups. Beta in 1.37 but off by default
+(pkg/features/kube_features.go), so each of the API server, scheduler and controller manager is told."""
+WORKLOAD_API_RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1beta1=true"
+"""scheduling.k8s.io/v1beta1 is a beta group version, which the API server leaves unserved unless asked
+(betaAPIGroupVersionsDisabledByDefault in pkg/controlplane/instance.go)."""
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -99,8 +106,17 @@ class Cluster:
         documents = manifest if isinstance(manifest, list) else [manifest]
         return self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
 
-    def add_nodes(self, count: int, *, prefix: str = "kwok-node", gpus: int = 8) -> list[str]:
-        """Create `count` kwok-managed nodes and wait until each reports Ready."""
+    def add_nodes(
+        self,
+        count: int,
+        *,
+        prefix: str = "kwok-node",
+        gpus: int = 8,
+        labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+    ) -> list[str]:
+        """Create `count` kwok-managed nodes and wait until each reports Ready. `labels` and `taints` make
+        a pool of a test's own, which no other test's pods land on."""
         names = [f"{prefix}-{index}" for index in range(count)]
         capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
         nodes = [
@@ -110,8 +126,9 @@ class Cluster:
                 "metadata": {
                     "name": name,
                     "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
                 },
+                "spec": {"taints": taints or []},
                 "status": {"allocatable": capacity, "capacity": capacity},
             }
             for name in names
@@ -256,11 +273,14 @@ def start_cluster(
     timeout: float = 120.0,
     extra_args: dict[str, list[str]] | None = None,
     sandbox: Sandbox | None = None,
+    workload_api: bool = True,
 ) -> Cluster:
     """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped.
 
     `extra_args` appends flags to a component's command line, e.g. a benchmark raising the controller
-    manager's client QPS: {"kube-controller-manager": ["--kube-api-qps=200"]}.
+    manager's client QPS: {"kube-controller-manager": ["--kube-api-qps=200"]}. `workload_api` serves
+    scheduling.k8s.io/v1beta1 Workload and PodGroup and turns on the scheduler's gang scheduling (the
+    GenericWorkload gate); False gives a cluster as 1.37 ships by default, for comparisons.
     """
     bin_dir = binaries.ensure_binaries()
     root = directory or Path(tempfile.mkdtemp(prefix="kubetrain-cluster-"))
@@ -330,6 +350,7 @@ def start_cluster(
                 # whose ownerReference sets blockOwnerDeletion needs update on the owner's finalizers.
                 "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
+                *((WORKLOAD_API_GATES, WORKLOAD_API_RUNTIME_CONFIG) if workload_api else ()),
                 "--v=1",
             ],
         )
@@ -357,6 +378,7 @@ def start_cluster(
                 f"--root-ca-file={keys.ca_cert}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*,-node-ipam-controller",
+                *((WORKLOAD_API_GATES,) if workload_api else ()),
                 "--v=1",
             ],
         )
@@ -369,6 +391,7 @@ def start_cluster(
                 "--bind-address=127.0.0.1",
                 f"--secure-port={processes.free_port()}",
                 "--leader-elect=false",
+                *((WORKLOAD_API_GATES,) if workload_api else ()),
                 "--v=1",
             ],
         )

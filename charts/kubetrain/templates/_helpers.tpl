@@ -132,9 +132,18 @@ creating (only) the workers' ServiceAccount and RoleBinding where they run.
   verbs: ["patch"]
 {{- end }}
 {{- range .Values.gangSchedulers }}
+{{- if eq . "kubernetes" }}
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "delete"]
+{{- else }}
 - apiGroups: [{{ get (dict "volcano" "scheduling.volcano.sh" "scheduler-plugins" "scheduling.x-k8s.io") . | quote }}]
   resources: ["podgroups"]
   verbs: ["get", "create"]
+{{- end }}
 {{- end }}
 {{- end }}
 
