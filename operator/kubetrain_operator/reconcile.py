@@ -133,6 +133,12 @@ class Plan:
     """Reconcile again after this many seconds even without events (deadline, TTL, waiting)."""
     transitions: list[str] = dataclasses.field(default_factory=list)
     """Phase-level happenings for metrics: created, restarted, succeeded, failed."""
+    confirm_owner: bool = False
+    """The creations are not this TrainingJob's first: its status says children were created before (a
+    restart's or a resume's new attempt, or children that disappeared). The shell confirms with the API
+    server that the TrainingJob still exists before creating them: children also disappear because the
+    TrainingJob was deleted and the garbage collector removed them, and the watches that report the
+    children's deletions can be ahead of the one that reports the TrainingJob's."""
 
     def status_changed(self, stored: Mapping[str, Any]) -> bool:
         return st.normalised(dict(stored)) != st.normalised(self.status)
@@ -365,6 +371,7 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
             "has not removed yet, does; delete them if they were orphaned)"
         )
         return _wait_for_old_workers(out, message, workers, spec.workers, now)
+    out.confirm_owner = bool(out.create) and st.is_true(dict(obs.status), "Created")
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
