@@ -21,7 +21,15 @@ new restart attempt, a terminal phase) that must be durable before its effects: 
 creations. 409 AlreadyExists on a creation is success when the existing object is controlled by this
 TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate when
 anything else holds the name; deletions name the uid they were planned from, so they never remove a
-namesake created since. Events go to a background poster (`events`).
+namesake created since. Creations that are not the TrainingJob's first (a new attempt, or children that
+disappeared) are preceded by one GET of the TrainingJob, and made only if it is still the version the plan
+was made from: a deleted job's children, removed by the garbage collector, must not be re-created from a
+cache that has not heard of the deletion yet (`_owner_confirmed`). Events go to a background poster
+(`events`).
+
+Nothing is kept per TrainingJob beyond its life: `forget` (its deletion) drops every per-job structure,
+and the delay heap is rebuilt whenever stale entries outnumber live ones (`_compact_heap`), so a process
+that runs for months holds state in proportion to the jobs alive, not to the jobs it has seen.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ HOLD_LIMIT = 30.0
 HOLD_POLL = 0.1
 
 QUEUE_LIMIT = 10_000
-"""Events waiting to be posted before new ones are dropped (the API server is far behind by then)."""
+"""Events waiting to be posted before new ones are dropped (the API server is far behind by then). An
+event takes about 1.4 KB, so a full queue holds about 14 MB."""
 
 
 def build_event(
