@@ -311,6 +311,29 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / var * 3600
 
 
+def leak_per_hour(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Least-squares fit of value = a + b * live + c * seconds over (seconds, live, value) points:
+    (c in value per hour, b in value per live TrainingJob). c is the growth that the number of live
+    TrainingJobs does not explain: a leak, where a plain slope would also count a cache filling up."""
+    n = len(points)
+    if n < 4:
+        return None
+    mean = [sum(p[i] for p in points) / n for i in range(3)]
+    t, x, y = ([p[i] - mean[i] for p in points] for i in range(3))
+    stt, sxx, stx = (
+        sum(v * v for v in t),
+        sum(v * v for v in x),
+        sum(a * b for a, b in zip(t, x, strict=True)),
+    )
+    sty, sxy = sum(a * b for a, b in zip(t, y, strict=True)), sum(a * b for a, b in zip(x, y, strict=True))
+    det = stt * sxx - stx * stx
+    if det <= 1e-9 * max(stt * sxx, 1e-12):
+        return None  # live count constant or in lockstep with time: no separating them
+    per_second = (sty * sxx - sxy * stx) / det
+    per_live = (sxy * stt - sty * stx) / det
+    return per_second * 3600, per_live
+
+
 def read_state(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -334,24 +357,6 @@ def summarise(
     started: float,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    warm = args.warmup_minutes * 60
-    after = [s for s in samples if s["t"] >= warm]
-    cpu_rates = [
-        (b["t"], (b["cpu_seconds"] - a["cpu_seconds"]) / (b["t"] - a["t"]))
-        for a, b in itertools.pairwise(after)
-        if b["t"] > a["t"]
-    ]
-    state_after = [(s["time"] - started, flatten(s)) for s in state if s["time"] - started >= warm]
-    keys = sorted({k for _, flat in state_after for k in flat})
-    state_summary = {
-        key: {
-            "first": next((flat[key] for _, flat in state_after if key in flat), None),
-            "last": next((flat[key] for _, flat in reversed(state_after) if key in flat), None),
-            "max": max((flat[key] for _, flat in state_after if key in flat), default=None),
-            "slope_per_hour": slope_per_hour([(t, flat[key]) for t, flat in state_after if key in flat]),
-        }
-        for key in keys
-    }
     kinds = Counter(job.kind for job in churn.jobs.values())
     wrong = []
     too_late = []
@@ -375,6 +380,38 @@ def summarise(
         "suspended_too_late": too_late,
         "never_terminal": unfinished,
         "stuck": sorted(job.name for job in churn.jobs.values() if job.stuck),
+    } | memory_figures(samples, state, started, args.warmup_minutes * 60, args.minutes * 60)
+
+
+def memory_figures(
+    samples: list[dict[str, Any]], state: list[dict[str, Any]], started: float, warm: float, until: float
+) -> dict[str, Any]:
+    """RSS, CPU and state sizes over the steady churn: after the warm-up, until submissions stop (the
+    drain after it empties the cluster, and RSS, which the allocator seldom gives back, would read flat
+    for the wrong reason)."""
+    after = [s for s in samples if warm <= s["t"] <= until]
+    cpu_rates = [
+        (b["t"], (b["cpu_seconds"] - a["cpu_seconds"]) / (b["t"] - a["t"]))
+        for a, b in itertools.pairwise(after)
+        if b["t"] > a["t"]
+    ]
+    state_after = [(s["time"] - started, flatten(s)) for s in state if warm <= s["time"] - started <= until]
+    keys = sorted({k for _, flat in state_after for k in flat})
+    state_summary = {}
+    for key in keys:
+        values = [(t, flat[key]) for t, flat in state_after if key in flat]
+        live = [(t, flat["cache.trainingjobs"], flat[key]) for t, flat in state_after if key in flat]
+        fit = leak_per_hour(live)
+        state_summary[key] = {
+            "first": values[0][1],
+            "last": values[-1][1],
+            "max": max(v for _, v in values),
+            "slope_per_hour": slope_per_hour(values),
+            "slope_per_hour_at_constant_live": fit[0] if fit else None,
+            "per_live_trainingjob": fit[1] if fit else None,
+        }
+    rss_fit = leak_per_hour([(s["t"], s["alive"], s["rss_mb"]) for s in after])
+    return {
         "alive_max": max((s["alive"] for s in samples), default=0),
         "alive_after_warmup_min_max": [
             min((s["alive"] for s in after), default=0),
@@ -385,6 +422,8 @@ def summarise(
             "last": samples[-1]["rss_mb"] if samples else None,
             "max": max((s["rss_mb"] for s in samples), default=None),
             "slope_mb_per_hour_after_warmup": slope_per_hour([(s["t"], s["rss_mb"]) for s in after]),
+            "slope_mb_per_hour_at_constant_live": rss_fit[0] if rss_fit else None,
+            "mb_per_live_trainingjob": rss_fit[1] if rss_fit else None,
         },
         "cpu": {
             "seconds_total": samples[-1]["cpu_seconds"] - samples[0]["cpu_seconds"] if samples else None,
@@ -416,6 +455,7 @@ def run(args: argparse.Namespace, workdir: Path, results: dict[str, Any]) -> Non
         churn = Churn(client, watch, args)
         samples: list[dict[str, Any]] = []
         started = time.time()
+        results["started_at"] = started
         end = started + args.minutes * 60
         next_submit = next_sample = next_write = started
         print(f"churn for {args.minutes:g} min at {args.rate:g} TrainingJobs/s", flush=True)
@@ -524,6 +564,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     orphans = results.get("orphans", {}).get("children", {})
     state = s.get("operator_state_after_warmup", {})
     slope = rss.get("slope_mb_per_hour_after_warmup")
+    leak = rss.get("slope_mb_per_hour_at_constant_live")
 
     def fmt(value: Any, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
@@ -552,8 +593,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{len(s.get('suspended_too_late', []))} suspended too late "
         f"| {_yes(not s.get('stuck') and not s.get('never_terminal'))} |",
         f"| RSS slope < 5 MB/h after {results['args'].get('warmup_minutes')} min | {fmt(slope, 2)} MB/h "
-        f"({fmt(rss.get('at_warmup'))} MB at the warm-up's end, {fmt(rss.get('last'))} MB last, "
-        f"{fmt(rss.get('max'))} MB max) | {_yes(slope is not None and slope < 5)} |",
+        f"({fmt(leak, 2)} MB/h at a constant number of live TrainingJobs, "
+        f"{fmt(rss.get('mb_per_live_trainingjob'), 3)} MB per live one; {fmt(rss.get('at_warmup'))} MB at "
+        f"the warm-up's end, {fmt(rss.get('last'))} MB last, {fmt(rss.get('max'))} MB max) "
+        f"| {_yes(slope is not None and slope < 5)} |",
         "",
         f"CPU: {fmt(cpu.get('seconds_total'))} s in all, {fmt(cpu.get('cores_mean_after_warmup'), 3)} cores "
         f"on average after the warm-up, slope {fmt(cpu.get('cores_slope_per_hour_after_warmup'), 4)} "
@@ -561,15 +604,18 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"API requests per TrainingJob: {req.get('per_trainingjob')} {req.get('per_trainingjob_by_verb')}.",
         "",
-        "Operator state after the warm-up (first, last, max, least-squares slope per hour):",
+        "Operator state from the warm-up to the end of submissions: first, last and largest size, "
+        "least-squares slope per hour, and the slope and size per live TrainingJob when fitted against "
+        "time and the number of TrainingJobs in the cache together:",
         "",
-        "| structure | first | last | max | slope/h |",
-        "|---|---|---|---|---|",
+        "| structure | first | last | max | slope/h | slope/h at constant live | per live job |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, value in state.items():
         lines.append(
             f"| {key} | {fmt(value['first'], 0)} | {fmt(value['last'], 0)} | {fmt(value['max'], 0)} "
-            f"| {fmt(value['slope_per_hour'], 1)} |"
+            f"| {fmt(value['slope_per_hour'], 1)} | {fmt(value.get('slope_per_hour_at_constant_live'), 1)} "
+            f"| {fmt(value.get('per_live_trainingjob'), 2)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -601,13 +647,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine-note", default="", help="what else shares the machine, for the report")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "operator-soak")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="recompute the memory figures and tables of a stored OUT.json",
+    )
     args = parser.parse_args(argv)
+    if args.report is not None:
+        return report(args.report)
     workdir = args.workdir or Path(f"/tmp/kubetrain-soak-{os.getpid()}")
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "finished": False}
     run(args, workdir, results)
     print(render_markdown(results))
     print(f"wrote {args.out}.json (workdir {workdir})")
+    return 0
+
+
+def report(path: Path) -> int:
+    """Recompute the memory, CPU and state figures of a stored run (every sample is in its JSON) and
+    write its tables again, for a run made by an earlier version of this script."""
+    results = json.loads(path.read_text())
+    state = results.get("operator_state") or []
+    # Runs before `started_at` was recorded: the first state sample comes 30 s after the operator started,
+    # which is within seconds of the churn's start.
+    started = results.get("started_at") or (state[0]["time"] - 30 if state else 0.0)
+    run_args = results["args"]
+    results["summary"] |= memory_figures(
+        results.get("samples") or [],
+        state,
+        started,
+        float(run_args["warmup_minutes"]) * 60,
+        float(run_args["minutes"]) * 60,
+    )
+    _write(path.with_suffix(""), results)
+    print(render_markdown(results))
     return 0
 
 
