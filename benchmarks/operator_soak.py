@@ -11,7 +11,7 @@ every 30 s) watches one namespace for --minutes while TrainingJobs of 2 to 4 wor
 - 10 % fail once with a retryable exit code (17, on restart attempt 0): Succeeded, 1 restart, attempt 1;
 - 5 % fail with a non-retryable exit code (2): Failed, 0 restarts, attempt 0;
 - 10 % are suspended once Running and resumed 5-15 s after Suspended: Succeeded, 0 restarts, attempt 1
-  (their pods run three times as long, so that the suspension finds them running; one that finishes
+  (their pods run twice as long, so that the suspension finds them running; one that finishes
   first all the same is reported as suspended too late, not as wrong);
 - 20 % are deleted (background propagation, as kubectl does) at a random moment while Running;
 - the rest succeed: Succeeded, 0 restarts, attempt 0;
@@ -27,7 +27,8 @@ the garbage collector gets 3 minutes. Reported:
 - orphans: children left after every TrainingJob is gone and the garbage collector had its time;
 - wrong phases and restart counts: each job's terminal phase, status.restarts and status.restartAttempt
   (from a TrainingJob watch) against what its kind must end in; stuck: jobs not terminal --stuck-minutes
-  after submission, or not deleted by their TTL 2 minutes after it passed;
+  after their pods' run time would have ended (twice for a restart or a resume), not terminal after the
+  drain, or not deleted by their TTL 2 minutes after it passed;
 - RSS and CPU of the operator sampled every --sample-seconds, with the least-squares slope per hour after
   --warmup-minutes (RSS in MB/h; CPU as cores used per sample interval, in cores/h), and the operator's
   own per-object state sizes (`KUBETRAIN_BENCH_STATE`) with their slopes;
@@ -112,6 +113,10 @@ class Job:
     terminal_at: float | None = None
     gone: bool = False
     stuck: bool = False
+
+    def runs(self) -> int:
+        """How many times its pods run: a restart and a resume start them again."""
+        return 2 if self.kind in ("retry", "suspend") else 1
 
 
 def manifest(job: Job) -> dict[str, Any]:
@@ -234,7 +239,7 @@ class Churn:
             name=f"soak-{index:06d}",
             kind=kind,
             workers=self.rng.randint(2, 4),
-            run_for=self.rng.randint(self.run_min, self.run_max) * (3 if kind == "suspend" else 1),
+            run_for=self.rng.randint(self.run_min, self.run_max) * (2 if kind == "suspend" else 1),
             ttl=self.rng.randint(5, 60) if self.rng.random() < 0.5 else None,
             submitted=now,
         )
@@ -263,7 +268,7 @@ class Churn:
             elif job.ttl is not None and now - (job.terminal_at or now) > job.ttl + TTL_GRACE_SECONDS:
                 job.stuck = True
             return
-        if now - job.submitted > self.args.stuck_minutes * 60:
+        if now - job.submitted > job.runs() * job.run_for + self.args.stuck_minutes * 60:
             job.stuck = True
         if job.kind == "delete" and phase == "Running":
             if job.delete_at is None:
@@ -531,6 +536,7 @@ def _progress(  # noqa: PLR0917
     results["trainingjob_watch_relists"] = watch.relists
     results["summary"] = summarise(churn, samples, state, started, args)
     results["requests"] = requests_table(rows, max(1, len(churn.jobs)))
+    results["jobs"] = [dataclasses.asdict(job) for job in churn.jobs.values()]
     results["samples"] = samples
     results["operator_state"] = state
 
@@ -638,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--warmup-minutes", type=float, default=10.0, help="left out of the slopes")
     parser.add_argument("--sample-seconds", type=float, default=10.0)
-    parser.add_argument("--drain-minutes", type=float, default=15.0)
+    parser.add_argument("--drain-minutes", type=float, default=30.0)
     parser.add_argument("--stuck-minutes", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
