@@ -531,7 +531,7 @@ def _progress(  # noqa: PLR0917
     rows = rows if rows is not None else (operator.counts_now() if operator is not None else [])
     results["elapsed_minutes"] = round((time.time() - started) / 60, 1)
     results["duplicate_creations"] = duplicates
-    results["children_created"] = sum(1 for key in counter.created if key[1] == NAMESPACE)
+    results["children_created"] = counter.count(NAMESPACE)  # locked: its watch threads add to it
     results["creation_watch_relists"] = counter.relists
     results["trainingjob_watch_relists"] = watch.relists
     results["summary"] = summarise(churn, samples, state, started, args)

@@ -197,6 +197,11 @@ class CreationCounter:
         for thread in self._threads:
             thread.join(timeout=10)
 
+    def count(self, namespace: str) -> int:
+        """Children created in `namespace` so far (each name once)."""
+        with self._lock:
+            return sum(1 for key in self.created if key[1] == namespace)
+
     def duplicates(self) -> dict[tuple[str, str, str], int]:
         with self._lock:
             return {key: count for key, count in self.created.items() if count > 1}
