@@ -339,6 +339,10 @@ def leak_per_hour(points: list[tuple[float, float, float]]) -> tuple[float, floa
     return per_second * 3600, per_live
 
 
+def _nearest(samples: list[dict[str, Any]], t: float) -> dict[str, Any]:
+    return min(samples, key=lambda sample: abs(sample["t"] - t))
+
+
 def read_state(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -416,6 +420,14 @@ def memory_figures(
             "per_live_trainingjob": fit[1] if fit else None,
         }
     rss_fit = leak_per_hour([(s["t"], s["alive"], s["rss_mb"]) for s in after])
+    # What the process holds is its cache: TrainingJobs and children (a saturated cluster holds more pods
+    # and Jobs per live TrainingJob as its backlog grows). RSS at the state sample's time, nearest sample.
+    held = [
+        (t, flat.get("cache.trainingjobs", 0) + flat.get("cache.placed", 0), _nearest(after, t)["rss_mb"])
+        for t, flat in state_after
+        if after
+    ]
+    held_fit = leak_per_hour(held)
     return {
         "alive_max": max((s["alive"] for s in samples), default=0),
         "alive_after_warmup_min_max": [
@@ -429,6 +441,8 @@ def memory_figures(
             "slope_mb_per_hour_after_warmup": slope_per_hour([(s["t"], s["rss_mb"]) for s in after]),
             "slope_mb_per_hour_at_constant_live": rss_fit[0] if rss_fit else None,
             "mb_per_live_trainingjob": rss_fit[1] if rss_fit else None,
+            "slope_mb_per_hour_at_constant_cached_objects": held_fit[0] if held_fit else None,
+            "kb_per_cached_object": held_fit[1] * 1024 if held_fit else None,
         },
         "cpu": {
             "seconds_total": samples[-1]["cpu_seconds"] - samples[0]["cpu_seconds"] if samples else None,
@@ -600,7 +614,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"| {_yes(not s.get('stuck') and not s.get('never_terminal'))} |",
         f"| RSS slope < 5 MB/h after {results['args'].get('warmup_minutes')} min | {fmt(slope, 2)} MB/h "
         f"({fmt(leak, 2)} MB/h at a constant number of live TrainingJobs, "
-        f"{fmt(rss.get('mb_per_live_trainingjob'), 3)} MB per live one; {fmt(rss.get('at_warmup'))} MB at "
+        f"{fmt(rss.get('mb_per_live_trainingjob'), 3)} MB per live one; "
+        f"{fmt(rss.get('slope_mb_per_hour_at_constant_cached_objects'), 2)} MB/h at a constant number of "
+        f"cached objects, {fmt(rss.get('kb_per_cached_object'), 1)} KB per object; "
+        f"{fmt(rss.get('at_warmup'))} MB at "
         f"the warm-up's end, {fmt(rss.get('last'))} MB last, {fmt(rss.get('max'))} MB max) "
         f"| {_yes(slope is not None and slope < 5)} |",
         "",
