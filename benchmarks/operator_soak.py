@@ -344,9 +344,11 @@ def _nearest(samples: list[dict[str, Any]], t: float) -> dict[str, Any]:
 
 
 def read_state(path: Path) -> list[dict[str, Any]]:
+    """The operator's state samples so far; a line it is still writing is left for the next read."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete, _, _ = path.read_text().rpartition("\n")
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def flatten(sample: dict[str, Any], prefix: str = "") -> dict[str, float]:
