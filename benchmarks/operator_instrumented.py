@@ -12,6 +12,12 @@ update, delete. New TLS connections of the urllib3 pool are counted too (connect
 The counts are written to COUNTS.json twice a second and at exit. With PROFILE.prof, the asyncio thread
 (kopf's event loop) runs under cProfile and the profile is written at exit (SIGTERM or SIGINT).
 
+With KUBETRAIN_BENCH_STATE=PATH (benchmarks/operator_soak.py), the sizes of every per-object structure the
+process keeps are written to PATH every KUBETRAIN_BENCH_STATE_SECONDS (default 30): the controller's
+per-key dicts and delay heap, the cache's dicts, the event poster's queue, kopf's per-object memories,
+the metrics' label sets, threads, and the number of objects the garbage collector tracks. A soak reads
+them to tell which of them, if any, grows with the objects that went rather than the objects alive.
+
 Counting in the process, not from the API server's metrics, is deliberate: `apiserver_request_total`
 has no user label, so it mixes the operator with the controller manager, the scheduler, kwok and the
 benchmark's own watchers.
@@ -28,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 _counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
 _seconds: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -140,6 +147,72 @@ def _tracer(path: str) -> None:
             _dump_tracemalloc(path)
 
 
+CONTROLLER_STATE = ("_keys", "_active", "_refused", "_due", "_heap", "_queued", "_urgent", "_routine")
+"""The controller's per-key structures (dicts, deques, the delay heap)."""
+
+_instances: dict[str, list[Any]] = collections.defaultdict(list)
+
+
+def _keep_instances(cls: Any, name: str) -> None:
+    """Remember every instance of `cls` (the operator makes one of each) for `_state`."""
+    original = cls.__init__
+
+    def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        _instances[name].append(self)
+
+    cls.__init__ = init
+
+
+def _state() -> dict[str, Any]:
+    import gc
+
+    out: dict[str, Any] = {"time": time.time(), "threads": threading.active_count()}
+    for controller in _instances["controller"]:
+        with controller._lock:
+            out["controller"] = {
+                name: len(getattr(controller, name))
+                for name in (
+                    "_keys",
+                    "_active",
+                    "_refused",
+                    "_due",
+                    "_heap",
+                    "_queued",
+                    "_urgent",
+                    "_routine",
+                )
+            }
+        out["label_sets"] = sum(len(metric.samples) for metric in controller.metrics.registry.collect())
+    for cache in _instances["cache"]:
+        with cache._lock:
+            out["cache"] = {
+                "trainingjobs": len(cache._trainingjobs),
+                "placed": len(cache._placed),
+                **{f"{kind}_groups": len(groups) for kind, groups in cache._children.items()},
+                **{
+                    f"{kind}_objects": sum(map(len, groups.values()))
+                    for kind, groups in cache._children.items()
+                },
+            }
+    for poster in _instances["poster"]:
+        out["event_queue"] = poster._queue.qsize()
+    out["kopf_memories"] = sum(len(memories._items) for memories in _instances["kopf_memories"])
+    out["gc_objects"] = len(gc.get_objects())
+    return out
+
+
+def _state_dumper(path: str, every: float) -> None:
+    while True:
+        time.sleep(every)
+        try:
+            line = json.dumps(_state())
+        except Exception as exc:  # a dict resized while read: the next sample reads it again
+            line = json.dumps({"time": time.time(), "error": repr(exc)})
+        with Path(path).open("a") as out:
+            out.write(line + "\n")
+
+
 def _dumper(path: str) -> None:
     while True:
         time.sleep(0.5)
@@ -155,6 +228,18 @@ def main() -> None:
     _install()
     atexit.register(_dump, counts_path)
     threading.Thread(target=_dumper, args=(counts_path,), daemon=True).start()
+
+    state_path = os.environ.get("KUBETRAIN_BENCH_STATE")
+    if state_path:
+        from kopf._core.reactor import inventory
+        from kubetrain_operator import cache, controller, events
+
+        _keep_instances(controller.Controller, "controller")
+        _keep_instances(cache.ClusterCache, "cache")
+        _keep_instances(events.EventPoster, "poster")
+        _keep_instances(inventory.ResourceMemories, "kopf_memories")
+        every = float(os.environ.get("KUBETRAIN_BENCH_STATE_SECONDS", "30"))
+        threading.Thread(target=_state_dumper, args=(state_path, every), daemon=True).start()
 
     trace_path = os.environ.get("KUBETRAIN_BENCH_TRACEMALLOC")
     if trace_path:  # where the Python heap goes: the top allocation sites at exit, and the traced peak

@@ -15,9 +15,15 @@ Stale reads are safe: the cache trails the API server by the watch delay, and ev
 Status patches carry the TrainingJob's resourceVersion (a decision taken on an old read fails with 409
 and is planned again), creations use deterministic names (a repeated create fails with 409
 AlreadyExists, and counts as done only for an object this TrainingJob controls), deletions tolerate 404
-and carry the uid they were planned from. The controller also records the objects its own writes return
-(`observe` again), so the reconcile after a write does not repeat it while the watch event is on its way;
-of two copies of an object the one with the higher resourceVersion wins.
+and carry the uid they were planned from. Names cannot guard a creation after a deletion, though: the
+children's watches and kopf's are separate streams, so the garbage collector's removal of a deleted
+TrainingJob's children can arrive before the TrainingJob's own deletion, and the cache then shows a
+running job with every child missing. So a creation that is not a TrainingJob's first is made only after
+a GET confirms the TrainingJob is still the version planned from (`Controller._owner_confirmed`).
+
+The controller also records the objects its own writes return (`observe` again), so the reconcile after a
+write does not repeat it while the watch event is on its way; of two copies of an object the one with the
+higher resourceVersion wins.
 
 Slim copies: only what the planner reads is kept (no managedFields, no kubectl last-applied annotation,
 no Job or Service spec, a Pod's spec reduced to its node and scheduler), about a tenth of a Pod's size.

@@ -21,7 +21,15 @@ new restart attempt, a terminal phase) that must be durable before its effects: 
 creations. 409 AlreadyExists on a creation is success when the existing object is controlled by this
 TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate when
 anything else holds the name; deletions name the uid they were planned from, so they never remove a
-namesake created since. Events go to a background poster (`events`).
+namesake created since. Creations that are not the TrainingJob's first (a new attempt, or children that
+disappeared) are preceded by one GET of the TrainingJob, and made only if it is still the version the plan
+was made from: a deleted job's children, removed by the garbage collector, must not be re-created from a
+cache that has not heard of the deletion yet (`_owner_confirmed`). Events go to a background poster
+(`events`).
+
+Nothing is kept per TrainingJob beyond its life: `forget` (its deletion) drops every per-job structure,
+and the delay heap is rebuilt whenever stale entries outnumber live ones (`_compact_heap`), so a process
+that runs for months holds state in proportion to the jobs alive, not to the jobs it has seen.
 """
 
 from __future__ import annotations
@@ -74,6 +82,8 @@ reason) through the same watch; this delay only bounds how long a job Kueue says
 phase."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
+HEAP_SLACK = 64
+"""Stale delay-heap entries tolerated beyond one per pending wake-up before the heap is rebuilt."""
 
 
 @dataclasses.dataclass
@@ -165,6 +175,11 @@ class Controller:
         self._refused: dict[Key, tuple[str | None, str]] = {}
         """TrainingJobs whose status the API server refuses -> (the resourceVersion refused, the message):
         nothing is tried again, and nothing said again, until the object changes."""
+        self._unrecorded: dict[Key, str] = {}
+        """TrainingJobs whose children this process created while their status write was left to a later
+        pass -> the uid they were created for. Until that status says Created, only this says the
+        children existed: a creation for such a job is confirmed like any re-creation (`_owner_confirmed`).
+        """
 
     # ------------------------------------------------------------ the queue
 
@@ -295,13 +310,48 @@ class Controller:
                 return
             self._due[key] = due
             heapq.heappush(self._heap, (due, key))
+            if len(self._heap) > 2 * len(self._due) + HEAP_SLACK:
+                self._compact_heap()
             self._wake.notify()
 
+    def _compact_heap(self) -> None:
+        """Drop the heap's superseded and forgotten entries. Call with the lock held.
+
+        Why: an earlier wake-up replacing a later one (a child's event before a job's TTL or resync) leaves
+        the later entry in the heap until its time, which for a TTL of days is days; rebuilt from `_due`
+        whenever stale entries outnumber live ones, the heap stays proportional to the jobs alive."""
+        self._heap = [(due, key) for key, due in self._due.items()]
+        heapq.heapify(self._heap)
+
     def forget(self, namespace: str, name: str) -> None:
+        """Drop everything kept about a deleted TrainingJob: nothing of a job that is gone may outlive it
+        in a process that runs for months. A reconcile of it in progress goes round once more, to end
+        with the cache's news (gone) and drop its own state."""
+        key = (namespace, name)
         with self._lock:
-            self._active.pop((namespace, name), None)
-            self._refused.pop((namespace, name), None)
-            self.metrics.active.set(sum(self._active.values()))
+            self._drop(key)
+            state = self._keys.get(key)
+            if state is not None:
+                if state.running:
+                    state.dirty = True
+                else:
+                    del self._keys[key]
+
+    def _gone(self, key: Key) -> Outcome:
+        """The outcome for a TrainingJob that no longer exists, its per-job state dropped (`trigger` drops
+        its `_KeyState` when the reconcile ends)."""
+        with self._lock:
+            self._drop(key)
+        return Outcome(gone=True)
+
+    def _drop(self, key: Key) -> None:
+        """Forget `key`'s per-job state but its `_KeyState` (its reconcile may be running). Call with the
+        lock held."""
+        self._active.pop(key, None)
+        self._refused.pop(key, None)
+        self._unrecorded.pop(key, None)
+        self._due.pop(key, None)  # its heap entry, if any, is now stale (see _compact_heap)
+        self.metrics.active.set(sum(self._active.values()))
 
     def start(self) -> None:
         scheduler = threading.Thread(target=self._run_scheduler, name="kubetrain-scheduler", daemon=True)
@@ -367,10 +417,10 @@ class Controller:
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         """Read the TrainingJob and its children from the cache, plan, execute. Raises on API errors."""
+        key = (namespace, name)
         body = self.cache.trainingjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
-            self.forget(namespace, name)
-            return Outcome(gone=True)
+            return self._gone(key)
         uid = body["metadata"].get("uid", "")
         refused = self._refused.get((namespace, name))
         if refused is not None:
@@ -389,6 +439,13 @@ class Controller:
             flavors=self.cache.cluster_objects("ResourceFlavor"),
         )
         plan = reconcile.plan(observed, self.clock(), self.defaults)
+        with self._lock:
+            unrecorded = self._unrecorded.get(key) == uid
+        if plan.create and (plan.confirm_owner or unrecorded) and not self._owner_confirmed(body):
+            if self.cache.trainingjob(namespace, name) is None:
+                return self._gone(key)
+            self.schedule(key, 0.0)  # changed since the cache saw it: plan again from the news
+            return Outcome()
         outcome = Outcome(plan=plan)
         stored = body.get("status") or {}
         creations_only = (
@@ -407,13 +464,17 @@ class Controller:
                 # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
                 # is written by a routine pass after them, and its transitions are counted there.
                 self._post_plan_events(body, plan)
-                self.schedule((namespace, name), DEFERRED_STATUS_DELAY)
+                with self._lock:
+                    self._unrecorded[key] = uid
+                self.schedule(key, DEFERRED_STATUS_DELAY)
                 return outcome
         if plan.status_changed(stored):
             written = self._write_status(body, plan, outcome)
             if written is None:
                 return outcome
             body = written  # later writes are guarded by the version this one made
+            with self._lock:
+                self._unrecorded.pop(key, None)
         if not creations_only:
             for deletion in plan.delete:
                 self.kube.delete(
@@ -476,6 +537,34 @@ class Controller:
             return False
         return True
 
+    def _owner_confirmed(self, body: dict[str, Any]) -> bool:
+        """Whether the TrainingJob is still, on the API server, the very version the plan was made from.
+
+        Asked (one GET) only before creations that are not a TrainingJob's first (`Plan.confirm_owner`).
+        The case it exists for: a TrainingJob deleted while running. The garbage collector removes its
+        Service and Jobs; the informers report that first, while kopf's watch has not yet reported the
+        TrainingJob's deletion, so the cache still holds it, running, with every child missing, and the
+        plan re-creates them all (for an owner that is gone: the collector removes them again). The GET
+        is a quorum read made after the children were seen missing, so a deletion that made them go is
+        visible in it. When the answer differs, the cache takes it (gone, being deleted, a namesake, or a
+        newer version) and nothing is created from the old view."""
+        meta = body["metadata"]
+        live = self.kube.get(constants.KIND, meta["namespace"], meta["name"])
+        if live is not None and live["metadata"].get("resourceVersion") == meta.get("resourceVersion"):
+            return True
+        if live is None:
+            self.cache.forget(body)
+        else:
+            self.cache.observe(live)
+        logger.info(
+            "%s/%s: not creating children from a stale view: the TrainingJob %s",
+            meta["namespace"],
+            meta["name"],
+            "is gone" if live is None else "changed since the cache saw it",
+            extra=about((meta["namespace"], meta["name"]), body),
+        )
+        return False
+
     def _urgent_queued(self) -> bool:
         with self._lock:
             return any(self._queued.values())
@@ -509,6 +598,8 @@ class Controller:
             if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
                 self.cache.forget(body)
                 outcome.gone = True
+                with self._lock:
+                    self._drop((meta["namespace"], meta["name"]))
                 return None
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
                 outcome.invalid = self._status_refused(body, plan, exc)

@@ -3,8 +3,11 @@
 Why in the background: an Event is for people (`kubectl describe`), never an input to a decision, yet
 posting one inline made it one of the requests between a new TrainingJob and its workers. Like client-go's
 event broadcaster, the controller hands events to a queue and one thread posts them. The poster also
-holds back while `busy()` says new jobs are waiting for their workers (for at most HOLD_LIMIT seconds at
-a time), so in a burst of submissions every Service and Job goes to the API server before any event.
+holds an event back while `busy()` says new jobs are waiting for their workers, until it is HOLD_LIMIT
+seconds old, so in a burst of submissions every Service and Job goes to the API server before any event.
+The limit is on each event's age, not on each wait: under steady churn new jobs arrive all the time and
+`busy()` is nearly always true, and a wait of HOLD_LIMIT per event would let the queue grow without end
+(a soak saw hundreds queued within minutes); by age, a held event costs nothing to those behind it.
 Best effort, as Events are: a full queue or a refused post is logged, never retried.
 """
 
@@ -22,11 +25,12 @@ from kubetrain_operator import constants
 logger = logging.getLogger("kubetrain.operator")
 
 HOLD_LIMIT = 30.0
-"""Longest wait for the controller to be idle before posting anyway (events must not go stale)."""
+"""Age at which an event is posted even while the controller is busy (events must not go stale)."""
 HOLD_POLL = 0.1
 
 QUEUE_LIMIT = 10_000
-"""Events waiting to be posted before new ones are dropped (the API server is far behind by then)."""
+"""Events waiting to be posted before new ones are dropped (the API server is far behind by then). An
+event takes about 1.4 KB, so a full queue holds about 14 MB."""
 
 
 def build_event(
@@ -63,17 +67,21 @@ class EventPoster:
     """Posts events handed to `post` from one background thread, in order."""
 
     def __init__(
-        self, create: Callable[[dict[str, Any]], Any], busy: Callable[[], bool] = lambda: False
+        self,
+        create: Callable[[dict[str, Any]], Any],
+        busy: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._create = create
         self._busy = busy
+        self._clock = clock
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._run, name="kubetrain-events", daemon=True)
         self._thread.start()
 
     def post(self, event: dict[str, Any]) -> None:
         try:
-            self._queue.put_nowait(event)
+            self._queue.put_nowait((self._clock(), event))
         except queue.Full:
             logger.warning("event queue full: dropped %s on %s", event["reason"], _about(event))
 
@@ -96,14 +104,13 @@ class EventPoster:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            waited = 0.0
-            while waited < HOLD_LIMIT and self._busy():
+            posted_at, event = item
+            while self._busy() and self._clock() - posted_at < HOLD_LIMIT:
                 time.sleep(HOLD_POLL)
-                waited += HOLD_POLL
             try:
-                self._create(item)
+                self._create(event)
             except Exception as exc:  # best effort: never let one event stop the others
-                logger.info("could not post event %s on %s: %s", item["reason"], _about(item), exc)
+                logger.info("could not post event %s on %s: %s", event["reason"], _about(event), exc)
 
 
 def _about(event: dict[str, Any]) -> str:

@@ -159,6 +159,12 @@ class Plan:
     workload_status: dict[str, Any] | None = None
     """The Workload's new status (released after eviction, or Finished); the shell writes it guarded by
     the Workload's resourceVersion, after the TrainingJob's status."""
+    confirm_owner: bool = False
+    """The creations are not this TrainingJob's first: its status says children were created before (a
+    restart's or a resume's new attempt, or children that disappeared). The shell confirms with the API
+    server that the TrainingJob still exists before creating them: children also disappear because the
+    TrainingJob was deleted and the garbage collector removed them, and the watches that report the
+    children's deletions can be ahead of the one that reports the TrainingJob's."""
 
     def status_changed(self, stored: Mapping[str, Any]) -> bool:
         return st.normalised(dict(stored)) != st.normalised(self.status)
@@ -239,6 +245,9 @@ def plan(obs: Observed, now: datetime, defaults: Defaults = Defaults()) -> Plan:
     """Decide everything one reconcile of `obs` should do."""
     out = _plan(obs, now, defaults)
     out.delete += _attempt_group_deletions(obs, out.delete, defaults.gang_provider)
+    # Any creation after the first (a restart's, a resume's, an elastic replacement's, or children that
+    # disappeared) waits for the shell to confirm the owner still exists (see Plan.confirm_owner).
+    out.confirm_owner = bool(out.create) and st.is_true(dict(obs.status), "Created")
     return out
 
 

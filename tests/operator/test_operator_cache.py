@@ -262,3 +262,24 @@ def test_a_workload_is_filed_under_its_trainingjob_with_only_what_the_planner_re
     [kept] = cache.children(NS, "demo", "Workload")
     assert kept["spec"] == {"queueName": "team", "active": True}
     assert kept["status"] == {"conditions": []}
+
+
+def test_events_held_while_the_controller_stays_busy_go_out_together_once_they_are_old() -> None:
+    """Under steady churn the controller is nearly always busy: a held event must not hold back the ones
+    behind it for a hold of their own, or the queue grows without end."""
+    posted: list[str] = []
+    now = [0.0]
+    poster = events.EventPoster(
+        lambda event: posted.append(event["reason"]), busy=lambda: True, clock=lambda: now[0]
+    )
+    for reason in ("A", "B", "C"):
+        poster.post(
+            events.build_event(
+                NS, "demo", uid=None, type_="Normal", reason=reason, message="m", timestamp="t"
+            )
+        )
+    assert not poster.flush(timeout=0.5)  # held back: young, and the controller busy
+    now[0] = events.HOLD_LIMIT
+    assert poster.flush()
+    assert posted == ["A", "B", "C"]
+    poster.stop()

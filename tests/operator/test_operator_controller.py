@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile, workeridentity
+from kubetrain_operator import controller as controller_module
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
@@ -161,7 +162,9 @@ class FakeKube:
         self.calls.append("patch status")
         if self.fail_patch:
             raise self.fail_patch.pop(0)
-        obj = self.objects[(constants.KIND, namespace, name)]
+        obj = self.objects.get((constants.KIND, namespace, name))
+        if obj is None:
+            raise kube.ApiError(404, "NotFound", f"{name} not found")
         if rv is not None and rv != obj["metadata"]["resourceVersion"]:
             raise kube.ApiError(409, "Conflict", "the object has been modified")
         merged = dict(obj.get("status") or {})
@@ -446,6 +449,86 @@ def test_an_invalid_spec_fails_without_creating_anything() -> None:
 def test_a_deleted_trainingjob_is_forgotten() -> None:
     fake = FakeKube()
     assert _controller(fake).reconcile(NS, "gone").gone
+
+
+def _delete_behind_the_caches_back(fake: FakeKube, name: str = "demo") -> None:
+    """The TrainingJob is deleted and the garbage collector removes its children; the cache hears of the
+    children's deletions but not yet of the TrainingJob's (kopf's watch is late)."""
+    fake.watch_paused = True
+    del fake.objects[(constants.KIND, NS, name)]
+    fake.watch_paused = False
+    for key in [k for k in fake.objects if k[0] in ("Service", "Job", "Pod") and owner_name(fake.objects[k])]:
+        fake._watch(fake.objects.pop(key), deleted=True)
+
+
+def test_children_of_a_deleted_trainingjob_are_not_created_again_from_a_cache_that_still_holds_it() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods()
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Running"
+    _delete_behind_the_caches_back(fake)
+    outcome = ctl.reconcile(NS, "demo")
+    assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
+    assert outcome.gone
+    assert fake.cache.trainingjob(NS, "demo") is None
+
+
+def test_children_created_while_their_status_waits_are_not_created_again_for_a_deleted_trainingjob() -> None:
+    fake = FakeKube()
+    for name in ("first", "second"):
+        fake.put(trainingjob(name))
+    ctl = _controller(fake)
+    ctl.enqueue((NS, "second"), urgent=True)
+    ctl.reconcile(NS, "first")  # creates, leaves its status (Created) to a later pass
+    assert "patch status" not in fake.calls
+    _delete_behind_the_caches_back(fake, "first")
+    outcome = ctl.reconcile(NS, "first")
+    assert len(fake.creations) == 3
+    assert outcome.gone
+
+
+def test_a_creation_planned_from_a_trainingjob_changed_since_is_planned_again_from_the_news() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods()
+    ctl.reconcile(NS, "demo")
+    fake.watch_paused = True
+    fake.edit_spec(workers=3)  # the cache has not seen the edit
+    fake.watch_paused = False
+    fake.delete("Job", NS, "demo-r0-w1")
+    before = len(fake.creations)
+    assert ctl.reconcile(NS, "demo").plan is None  # nothing executed from the old view
+    assert len(fake.creations) == before
+    assert fake.cache.trainingjob(NS, "demo")["spec"]["workers"] == 3  # type: ignore[index]
+    assert (NS, "demo") in ctl._due
+    ctl.reconcile(NS, "demo")
+    assert fake.creations[before:] == [("Job", "demo-r0-w1"), ("Job", "demo-r0-w2")]
+
+
+def test_a_forgotten_trainingjob_leaves_nothing_in_the_controllers_per_job_state() -> None:
+    fake = FakeKube()
+    for name in ("first", "second"):
+        fake.put(trainingjob(name))
+    ctl = _controller(fake)
+    ctl.enqueue((NS, "second"), urgent=True)
+    ctl.trigger(NS, "first")  # a deferred status pass is scheduled: _unrecorded, _due, _keys
+    ctl.trigger(NS, "second")
+    ctl.forget(NS, "first")
+    ctl.forget(NS, "second")
+    for structure in ("_keys", "_active", "_refused", "_unrecorded", "_due"):
+        assert not getattr(ctl, structure), structure
+
+
+def test_wake_ups_of_forgotten_jobs_do_not_stay_in_the_delay_heap() -> None:
+    ctl = _controller(FakeKube())
+    for index in range(1_000):  # jobs finished with a TTL of a day, then deleted by hand
+        ctl.schedule((NS, f"job-{index}"), 86_400)
+        ctl.forget(NS, f"job-{index}")
+    ctl.schedule((NS, "alive"), 60)
+    assert len(ctl._heap) <= controller_module.HEAP_SLACK + 1
 
 
 def test_ttl_deletes_the_trainingjob() -> None:

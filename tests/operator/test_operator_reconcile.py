@@ -727,3 +727,39 @@ def test_every_deletion_names_the_uid_of_the_object_it_was_planned_from() -> Non
             ("demo-r0-w1", "job-0-1"),
             ("demo", "svc-uid"),
         }
+
+
+CREATED = dict(
+    STARTED,
+    conditions=[
+        *STARTED["conditions"],
+        {"type": "Created", "status": "True", "reason": "WorkersCreated", "message": "m"},
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "with_service", "workers", "creates", "confirm"),
+    [
+        pytest.param({}, False, [], 3, False, id="a new job's first children"),
+        pytest.param({"phase": "Pending"}, True, [0], 1, False, id="the rest of a first creation"),
+        pytest.param(CREATED, True, [0, 1], 0, False, id="nothing to create"),
+        pytest.param(CREATED, True, [0], 1, True, id="a worker Job that disappeared"),
+        pytest.param(CREATED, False, [], 3, True, id="every child gone (a deleted job's, collected)"),
+        pytest.param(
+            dict(CREATED, phase="Restarting", restartAttempt=1, restarts=1), True, [], 2, True, id="a restart"
+        ),
+    ],
+)
+def test_creations_that_are_not_a_jobs_first_ask_to_confirm_it_still_exists(
+    status: dict[str, Any], with_service: bool, workers: list[int], creates: int, confirm: bool
+) -> None:
+    attempt = int(status.get("restartAttempt") or 0)
+    p = _plan(
+        status=status,
+        with_service=with_service,
+        jobs=[job(i, attempt) for i in workers],
+        pods=[pod(i, attempt, phase="Running", ready=True) for i in workers],
+    )
+    assert len(p.create) == creates
+    assert p.confirm_owner is confirm

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config, watch
 
@@ -127,13 +128,18 @@ class OperatorProcess:
 class CreationCounter:
     """Counts ADDED watch events per child (kind, namespace, name, uid) from the moment it starts.
 
-    A child that is ever created twice under one name shows up as two uids for one name.
+    A child that is ever created twice under one name shows up as two uids for one name. When the API
+    server no longer has the watch's version (410 Gone, after a long pause or a compaction), the counter
+    lists again and counts the uids it had not seen; `relists` says how often, since an object created and
+    deleted within such a gap is never seen.
     """
 
     def __init__(self, cluster: Cluster) -> None:
         self._api = client.ApiClient(config.load_kube_config(config_file=str(cluster.kubeconfig)) or None)
         self.created: Counter[tuple[str, str, str]] = Counter()
         self.uids: dict[tuple[str, str, str], set[str]] = {}
+        self.relists = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -146,7 +152,7 @@ class CreationCounter:
             thread.start()
             self._threads.append(thread)
 
-    def _watch(self, kind: str, lister: object, resource_version: str) -> None:
+    def _watch(self, kind: str, lister: Any, resource_version: str) -> None:
         while not self._stop.is_set():
             stream = watch.Watch()
             try:
@@ -154,24 +160,48 @@ class CreationCounter:
                     lister,
                     resource_version=resource_version,
                     label_selector="kubetrain.io/job-name",
+                    allow_watch_bookmarks=True,
                     timeout_seconds=5,
                 ):
                     obj = event["object"]
                     resource_version = obj.metadata.resource_version
                     if event["type"] == "ADDED":
-                        key = (kind, obj.metadata.namespace, obj.metadata.name)
-                        if obj.metadata.uid not in self.uids.setdefault(key, set()):
-                            self.uids[key].add(obj.metadata.uid)
-                            self.created[key] += 1
+                        self._saw(kind, obj)
                     if self._stop.is_set():
                         break
+            except client.ApiException as exc:
+                if exc.status == 410:
+                    resource_version = self._relist(kind, lister)
+                else:
+                    time.sleep(0.2)
             except Exception:
                 time.sleep(0.2)
+
+    def _relist(self, kind: str, lister: Any) -> str:
+        listing = lister(label_selector="kubetrain.io/job-name")
+        for obj in listing.items:
+            self._saw(kind, obj)
+        with self._lock:
+            self.relists += 1
+        return listing.metadata.resource_version
+
+    def _saw(self, kind: str, obj: Any) -> None:
+        key = (kind, obj.metadata.namespace, obj.metadata.name)
+        with self._lock:
+            if obj.metadata.uid not in self.uids.setdefault(key, set()):
+                self.uids[key].add(obj.metadata.uid)
+                self.created[key] += 1
 
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
 
+    def count(self, namespace: str) -> int:
+        """Children created in `namespace` so far (each name once)."""
+        with self._lock:
+            return sum(1 for key in self.created if key[1] == namespace)
+
     def duplicates(self) -> dict[tuple[str, str, str], int]:
-        return {key: count for key, count in self.created.items() if count > 1}
+        with self._lock:
+            return {key: count for key, count in self.created.items() if count > 1}
