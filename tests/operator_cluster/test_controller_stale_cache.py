@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 from kubetrain_operator import constants, informer, kube, reconcile
-from kubetrain_operator.cache import CHILD_KINDS, ClusterCache
+from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
 from testcluster.cluster import Cluster
 from testcluster.manifests import trainingjob
@@ -61,8 +61,8 @@ def _listed(client: kube.Kube, kind: str, namespace: str) -> list[dict[str, Any]
 def _informers_list_again(client: kube.Kube, cache: ClusterCache, namespace: str) -> None:
     """What the children's informers tell the cache: every Service, Job and Pod as the API has them now
     (deletions included); the TrainingJob itself is not touched, as kopf's watch is a stream apart."""
-    for kind in CHILD_KINDS:
-        informer.Informer(client, cache, kind, informer.scopes([namespace])[0], lambda key: None).relist()
+    for child_informer in informer.informers(client, cache, [namespace], lambda key: None):
+        child_informer.relist()
 
 
 def _running_job(client: RecordingKube, namespace: str, name: str) -> tuple[Controller, ClusterCache]:
