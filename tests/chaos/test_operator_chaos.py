@@ -183,7 +183,8 @@ def test_ten_percent_of_worker_pods_fail_once_and_only_their_jobs_restart_once(
 
 
 def _loose_crd() -> dict[str, Any]:
-    """The real CRD with a spec schema that accepts anything, as an older, looser version might have."""
+    """The real CRD with a spec schema that accepts anything, as an older, looser version might have (and
+    no scale subresource: the API server reads spec.workers as an integer for it)."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     loose = copy.deepcopy(crd)
     for version in loose["spec"]["versions"]:
@@ -191,6 +192,7 @@ def _loose_crd() -> dict[str, Any]:
         properties["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         version["schema"]["openAPIV3Schema"].pop("x-kubernetes-validations", None)
         version.pop("additionalPrinterColumns", None)
+        version.get("subresources", {}).pop("scale", None)
     return loose
 
 
@@ -272,7 +274,9 @@ def _names_the_field(message: str, field: str) -> bool:
 def test_objects_the_operator_cannot_understand_fail_naming_the_field_and_others_go_on(
     chaos_cluster: Cluster, chaos_namespace: str, operator_factory: Callable[..., OperatorProcess]
 ) -> None:
-    cases = refused_cases()
+    # A TrainingJob whose spec.managedBy names another controller is that controller's to judge: the
+    # operator never reads its spec (test_managed_by), so it gives no verdict here.
+    cases = [case for case in refused_cases() if "managedBy" not in case.manifest["spec"]]
     documents = [case.manifest for case in cases]
     expected = {case.name: case.field for case in cases}
     first, second = documents[: len(documents) - 4], documents[len(documents) - 4 :]
