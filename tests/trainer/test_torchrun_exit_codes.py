@@ -46,14 +46,19 @@ def _terminated_pod(exit_code: int, message: str) -> dict[str, Any]:
     }
 
 
-def test_the_trainers_data_error_under_torchrun_is_the_recorded_exit_code(tmp_path: Path) -> None:
+def _missing_data_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A trainer environment whose data root does not exist (exit 3), and its termination-log file."""
     termination_log = tmp_path / "termination-log"
     termination_log.touch()
     config = {
         "data": {"dataset": "imagefolder", "root": str(tmp_path / "no-data")},
         "output_dir": str(tmp_path),
     }
-    env = trainer_env(config, KUBETRAIN_TERMINATION_LOG=str(termination_log))
+    return trainer_env(config, KUBETRAIN_TERMINATION_LOG=str(termination_log)), termination_log
+
+
+def test_the_trainers_data_error_under_torchrun_is_the_recorded_exit_code(tmp_path: Path) -> None:
+    env, termination_log = _missing_data_env(tmp_path)
     result = _torchrun([KUBETRAIN, "train"], env)
     assert result.returncode == 1, result.stderr  # torchrun's own code: what the container exits with
     worker = observe.read_pod(
@@ -74,13 +79,7 @@ def test_a_user_scripts_exit_code_under_torchrun_is_read_from_torchruns_report(t
 
 def test_a_permanent_failure_under_a_restarting_torchrun_is_not_retried_in_the_pod(tmp_path: Path) -> None:
     """Elastic workers run torchrun with --max-restarts: a data error must end the container at once."""
-    termination_log = tmp_path / "termination-log"
-    termination_log.touch()
-    config = {
-        "data": {"dataset": "imagefolder", "root": str(tmp_path / "no-data")},
-        "output_dir": str(tmp_path),
-    }
-    env = trainer_env(config, KUBETRAIN_TERMINATION_LOG=str(termination_log))
+    env, termination_log = _missing_data_env(tmp_path)
     argv = [TORCHRUN, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3"]
     argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "t"]
     argv += ["--no-python", KUBETRAIN, "train"]
