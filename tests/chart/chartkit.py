@@ -21,7 +21,7 @@ CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
 OPERATOR_NEEDS: tuple[tuple[str, str, str], ...] = (
     # The TrainingJob: kopf lists and watches it into the operator's cache; the controller deletes it after
     # ttlSecondsAfterFinished. Status: merge patches only. Nothing else is written on it.
-    *(("kubetrain.io", "trainingjobs", verb) for verb in ("list", "watch", "delete")),
+    *(("kubetrain.io", "trainingjobs", verb) for verb in ("get", "list", "watch", "delete")),
     ("kubetrain.io", "trainingjobs/status", "patch"),
     # Never a request: children set blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
     # admission plugin allows only to who may update the owner's finalizers.

@@ -79,8 +79,9 @@ app.kubernetes.io/component: operator
 The RBAC rules the operator needs in every namespace it watches: exactly the verbs its code and kopf use
 (tests/chart/chartkit.py OPERATOR_NEEDS lists the same, and the cluster test asks the API server).
 - trainingjobs: kopf lists and watches them into the operator's cache and writes nothing on them (no
-  annotations, no finalizer); the controller's audit lists them again every 5 minutes and the controller
-  deletes a finished one when ttlSecondsAfterFinished expires.
+  annotations, no finalizer); the controller's audit lists them again every 5 minutes, gets one before
+  creating children that are not its first (a job deleted while its cache copy lags must not get them
+  again) and deletes a finished one when ttlSecondsAfterFinished expires.
   trainingjobs/status: status is only ever merge-patched, by the controller.
   trainingjobs/finalizers: update, never used as a request: every child's ownerReference sets
   blockOwnerDeletion (a foreground deletion of the TrainingJob waits for its children), and the
@@ -104,7 +105,7 @@ creating (only) the workers' ServiceAccount and RoleBinding where they run.
 {{- define "kubetrain.namespacedRules" -}}
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "delete"]
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
