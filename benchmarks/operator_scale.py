@@ -570,7 +570,8 @@ def run_rss(
 # ---------------------------------------------------------------- machine and report
 
 
-def machine(cluster: Cluster) -> dict[str, Any]:
+def host() -> dict[str, Any]:
+    """The machine a benchmark ran on, as every benchmark's results record it (figures travel with it)."""
     cpu = next(
         (
             line.split(":", 1)[1].strip()
@@ -580,11 +581,6 @@ def machine(cluster: Cluster) -> dict[str, Any]:
         platform.processor(),
     )
     mem = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
-    version = json.loads(cluster.kubectl("version", "-o", "json"))
-    import aiohttp
-    import kopf
-    import kubernetes
-
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu,
@@ -592,6 +588,17 @@ def machine(cluster: Cluster) -> dict[str, Any]:
         "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
         "kernel": platform.release(),
         "python": platform.python_version(),
+    }
+
+
+def machine(cluster: Cluster) -> dict[str, Any]:
+    version = json.loads(cluster.kubectl("version", "-o", "json"))
+    import aiohttp
+    import kopf
+    import kubernetes
+
+    return {
+        **host(),
         "kopf": kopf.__version__ if hasattr(kopf, "__version__") else "?",
         "kubernetes_client": kubernetes.__version__,
         "aiohttp": aiohttp.__version__,

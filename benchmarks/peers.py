@@ -680,17 +680,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def machine(args: argparse.Namespace) -> dict[str, Any]:
-    import platform
-
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
     from testcluster import binaries
 
     version = subprocess.run(
@@ -700,12 +689,7 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
         text=True,
     ).stdout.split()[-1]
     return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "memory": mem.split(":", 1)[1].strip(),
-        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
-        "kernel": platform.release(),
-        "python": platform.python_version(),
+        **operator_scale.host(),
         "kube_apiserver": version,
         "note": args.machine_note,
     }
