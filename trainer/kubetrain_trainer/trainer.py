@@ -252,7 +252,8 @@ class Trainer:
         state = self.state
         steps_per_epoch = len(self.loader)
         if state.epoch_step:
-            step = checkpoints.equivalent_epoch_step(header, self._identity(), state.epoch_step)
+            current = self._identity()
+            step = checkpoints.equivalent_epoch_step(header, current, state.epoch_step)
             if step != state.epoch_step:
                 log.warning(
                     "the checkpoint was written by %s processes (global batch %s), this run has %d (%d): "
@@ -260,7 +261,7 @@ class Trainer:
                     header.get("world_size"),
                     header.get("global_batch", "unknown"),
                     self.world.world_size,
-                    self._identity()["global_batch"],
+                    current["global_batch"],
                     state.last_step_epoch,
                     min(step, steps_per_epoch),
                     steps_per_epoch,
