@@ -107,6 +107,17 @@ def _children(counter: CreationCounter, namespace: str, kind: str) -> int:
     return sum(1 for key in counter.created if key[0] == kind and key[1] == namespace)
 
 
+def _assert_each_child_created_once_and_no_status_went_back(
+    counter: CreationCounter, history: StatusHistory, namespace: str, names: list[str]
+) -> None:
+    """Whatever happened to the leaders: one Service and WORKERS Jobs per TrainingJob, each created once,
+    and no status ever moved backwards."""
+    assert not counter.duplicates(), counter.duplicates()
+    assert _children(counter, namespace, "Job") == len(names) * WORKERS
+    assert _children(counter, namespace, "Service") == len(names)
+    assert not history.regressions(), history.regressions()
+
+
 def test_a_frozen_leader_is_replaced_and_exits_on_waking_without_writing_anything(
     chaos_cluster: Cluster,
     chaos_namespace: str,
@@ -162,10 +173,7 @@ def test_a_frozen_leader_is_replaced_and_exits_on_waking_without_writing_anythin
     assert LEASE_SECONDS - RETRY_SECONDS - 0.5 <= takeover < LEASE_SECONDS + 15, (
         f"took over after {takeover:.1f}s"
     )
-    assert not counter.duplicates(), counter.duplicates()
-    assert _children(counter, chaos_namespace, "Job") == len(names) * WORKERS
-    assert _children(counter, chaos_namespace, "Service") == len(names)
-    assert not history.regressions(), history.regressions()
+    _assert_each_child_created_once_and_no_status_went_back(counter, history, chaos_namespace, names)
     current = statuses(chaos_cluster, chaos_namespace)
     assert {int(current[name].get("restarts") or 0) for name in names} == {0}
 
@@ -204,9 +212,6 @@ def test_a_killed_leader_is_replaced_within_the_lease_duration_and_no_child_is_c
         counter.stop()
         history.stop()
     assert takeover < LEASE_SECONDS + 15, f"op-b took over after {takeover:.1f}s"
-    assert not counter.duplicates(), counter.duplicates()
-    assert _children(counter, chaos_namespace, "Job") == len(names) * WORKERS
-    assert _children(counter, chaos_namespace, "Service") == len(names)
-    assert not history.regressions(), history.regressions()
+    _assert_each_child_created_once_and_no_status_went_back(counter, history, chaos_namespace, names)
     current = statuses(chaos_cluster, chaos_namespace)
     assert {int(current[name].get("restarts") or 0) for name in names} == {0}
