@@ -9,7 +9,7 @@ package: its config, contract and exit codes).
   let a spec ask for), `queueing` (Kueue: the Workload of a queued TrainingJob and what its status
   means), `reconcile` (the planner: spec + observed children -> plan) with `membership` (its policy for
   elastic jobs, which builds on reconcile's plan types: the one pair that import each other), `crdgen`
-  and `apidocs` (the CRD YAML and its docs, from the models).
+  and `apidocs` (the CRD YAML and its docs, from the models: `kubetrain crds` writes both).
 - The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
   that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
   `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a

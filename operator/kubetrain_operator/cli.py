@@ -145,8 +145,10 @@ def _parser() -> argparse.ArgumentParser:
         help="reconcile unfinished jobs this often",
     )
 
-    crds = sub.add_parser("crds", help="generate the CRD from the API models (or --check for drift)")
-    crds.add_argument("--check", action="store_true", help="fail when checked-in CRD files differ")
+    crds = sub.add_parser(
+        "crds", help="generate the CRD and docs/api-reference.md from the API models (or --check for drift)"
+    )
+    crds.add_argument("--check", action="store_true", help="fail when a checked-in generated file differs")
     crds.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: cwd)")
     crds.add_argument("--stdout", action="store_true", help="print the CRD instead of writing files")
 
@@ -204,17 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "operator" and args.worker_cluster_role and not args.worker_service_account:
         parser.error("--worker-cluster-role needs --worker-service-account: the account it binds the role to")
     if args.command == "crds":
-        from kubetrain_operator import crdgen
+        from kubetrain_operator import apidocs, crdgen
 
         if args.stdout:
             sys.stdout.write(crdgen.render())
             return 0
         if args.check:
-            stale = crdgen.drifted(args.root)
+            stale = crdgen.drifted(args.root) + apidocs.drifted(args.root)
             for path in stale:
-                print(f"CRD out of date: {path} (run `kubetrain crds`)", file=sys.stderr)
+                print(f"out of date: {path} (run `kubetrain crds`)", file=sys.stderr)
             return 1 if stale else 0
-        for path in crdgen.write(args.root):
+        for path in [*crdgen.write(args.root), apidocs.write(args.root)]:
             print(f"wrote {path}")
         return 0
     if args.command == "operator":

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_checked_in_api_reference_matches_the_models() -> None:
     assert (ROOT / apidocs.REFERENCE).read_text() == apidocs.render(), (
-        "run python -m kubetrain_operator.apidocs"
+        "run kubetrain crds"
     )
 
 
