@@ -13,9 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_checked_in_api_reference_matches_the_models() -> None:
-    assert (ROOT / apidocs.REFERENCE).read_text() == apidocs.render(), (
-        "run kubetrain crds"
-    )
+    assert (ROOT / apidocs.REFERENCE).read_text() == apidocs.render(), "run kubetrain crds"
 
 
 def test_reference_documents_every_spec_field_and_printer_column() -> None:
