@@ -8,7 +8,10 @@ seconds old, so in a burst of submissions every Service and Job goes to the API 
 The limit is on each event's age, not on each wait: under steady churn new jobs arrive all the time and
 `busy()` is nearly always true, and a wait of HOLD_LIMIT per event would let the queue grow without end
 (a soak saw hundreds queued within minutes); by age, a held event costs nothing to those behind it.
-Best effort, as Events are: a full queue or a refused post is logged, never retried.
+Best effort, as Events are: a refused post is logged, never retried. When the API server is slower than
+events arrive (a soak on a saturated machine saw one post a second and the queue grow by 0.3 a second),
+the queue stops at QUEUE_LIMIT and newer events are dropped, counted, and reported once a minute: the
+operator's memory stays bounded however long the overload lasts, as client-go's broadcaster does.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ HOLD_LIMIT = 30.0
 """Age at which an event is posted even while the controller is busy (events must not go stale)."""
 HOLD_POLL = 0.1
 
-QUEUE_LIMIT = 10_000
+QUEUE_LIMIT = 1_000
 """Events waiting to be posted before new ones are dropped (the API server is far behind by then). An
-event takes about 1.4 KB, so a full queue holds about 14 MB."""
+event takes about 1.4 KB, so a full queue holds about 1.4 MB; client-go's broadcaster keeps as many."""
+DROP_REPORT_INTERVAL = 60.0
+"""At most one warning per interval about dropped events: under overload a warning per drop would
+flood the log as well."""
 
 
 def build_event(
@@ -71,11 +77,14 @@ class EventPoster:
         create: Callable[[dict[str, Any]], Any],
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        limit: int = QUEUE_LIMIT,
     ) -> None:
         self._create = create
         self._busy = busy
         self._clock = clock
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=limit)
+        self.dropped = 0
+        self._reported_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="kubetrain-events", daemon=True)
         self._thread.start()
 
@@ -83,7 +92,16 @@ class EventPoster:
         try:
             self._queue.put_nowait((self._clock(), event))
         except queue.Full:
-            logger.warning("event queue full: dropped %s on %s", event["reason"], _about(event))
+            self.dropped += 1
+            now = self._clock()
+            if self._reported_at is None or now - self._reported_at >= DROP_REPORT_INTERVAL:
+                self._reported_at = now
+                logger.warning(
+                    "event queue full (the API server is behind): %d dropped so far, the latest %s on %s",
+                    self.dropped,
+                    event["reason"],
+                    _about(event),
+                )
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event handed in so far has been posted (or refused); False on timeout."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from typing import Any
 
@@ -282,4 +283,42 @@ def test_events_held_while_the_controller_stays_busy_go_out_together_once_they_a
     now[0] = events.HOLD_LIMIT
     assert poster.flush()
     assert posted == ["A", "B", "C"]
+    poster.stop()
+
+
+def test_a_full_event_queue_drops_new_events_counts_them_and_warns_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Memory stays bounded when the API server is slower than events arrive."""
+    release, taken = threading.Event(), threading.Event()
+    posted: list[str] = []
+    now = [0.0]
+
+    def create(event: dict[str, Any]) -> None:
+        taken.set()
+        release.wait(5)
+        posted.append(event["reason"])
+
+    poster = events.EventPoster(create, clock=lambda: now[0], limit=2)
+
+    def post(reason: str) -> None:
+        poster.post(
+            events.build_event(
+                NS, "demo", uid=None, type_="Normal", reason=reason, message="m", timestamp="t"
+            )
+        )
+
+    post("taken")
+    assert taken.wait(5)  # the poster holds it in create: the queue is empty again
+    with caplog.at_level(logging.WARNING, logger="kubetrain.operator"):
+        for reason in ("q1", "q2", "d1", "d2"):
+            post(reason)
+        now[0] = events.DROP_REPORT_INTERVAL
+        post("d3")
+    assert poster.dropped == 3
+    warnings = [r.getMessage() for r in caplog.records if "event queue full" in r.getMessage()]
+    assert len(warnings) == 2 and "3 dropped so far" in warnings[1], warnings
+    release.set()
+    assert poster.flush()
+    assert posted == ["taken", "q1", "q2"]
     poster.stop()
