@@ -48,10 +48,6 @@ RESYNC_SECONDS = 60.0
 WAIT_SECONDS = 2.0
 """Requeue delay while waiting for deletions to finish."""
 
-QUIET_PENDING_REASONS = ("PodNotCreated", "WaitingForScheduler")
-"""Pending reasons reported in status but not as Warning events: the Job controller and the scheduler
-usually act within a second, so an event would be noise (and both post their own events when they fail)."""
-
 Propagation = Literal["Foreground", "Background"]
 
 
@@ -487,24 +483,21 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
-        message = (
-            f"created {len(missing)} worker Jobs for restart attempt {attempt}: "
-            f"{names.worker_job_name(obs.name, attempt, missing[0].index)}"
-            + (
-                f" .. {names.worker_job_name(obs.name, attempt, missing[-1].index)}"
-                if len(missing) > 1
-                else ""
-            )
-        )
+        message = _created_message(obs.name, attempt, [w.index for w in missing])
+        # A start is told by the Created and Running conditions (message and time), not by Normal
+        # events: an Event is one more write per job for what status already says.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
-        out.events.append(Event("Normal", "CreatedWorkers", message))
     elif not st.is_true(status, "Created"):
-        # The creating pass died before recording it (the shell creates first, then writes status).
+        # The creating pass left its status to a later pass (its start waits: st.write_wait) or died
+        # before writing it: the Jobs of this attempt, ours, say when they were created.
+        current = [j for j in obs.jobs if j not in stale]
+        times = [observe.parse_time(j["metadata"].get("creationTimestamp")) for j in current]
+        created = min((t for t in times if t is not None), default=now)
         if status.get("startTime") is None:
-            status["startTime"] = st.timestamp(now)
-        message = f"the {spec.workers} worker Jobs of restart attempt {attempt} exist"
-        st.set_condition(status, "Created", True, "WorkersCreated", message, now)
+            status["startTime"] = st.timestamp(created)
+        message = _created_message(obs.name, attempt, [w.index for w in workers])
+        st.set_condition(status, "Created", True, "WorkersCreated", message, created)
         out.transitions.append("created")
 
     # 8. Where the group stands.
@@ -518,12 +511,11 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         status["pendingReason"] = "FailedCreate"
         status["pendingMessage"] = obs.status.get("pendingMessage")
     reason = status.get("pendingReason")
-    if reason and reason not in QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
+    if reason and reason not in st.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))
     if st.group_running(workers):
         message = f"all {spec.workers} workers are running (restart attempt {attempt})"
-        if st.enter_phase(status, "Running", "AllWorkersRunning", message, now):
-            out.events.append(Event("Normal", "Running", message))
+        st.enter_phase(status, "Running", "AllWorkersRunning", message, now)
     elif st.is_true(status, "Restarting"):
         status["phase"] = "Restarting"
     else:
@@ -618,6 +610,12 @@ def _queueing(
         out.requeue_after = WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
         return _Queued(hold=("Queued", placement))
     return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
+
+
+def _created_message(name: str, attempt: int, indices: Sequence[int]) -> str:
+    first = names.worker_job_name(name, attempt, indices[0])
+    last = f" .. {names.worker_job_name(name, attempt, indices[-1])}" if len(indices) > 1 else ""
+    return f"created {len(indices)} worker Jobs for restart attempt {attempt}: {first}{last}"
 
 
 REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")

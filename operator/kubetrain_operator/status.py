@@ -6,10 +6,15 @@ their lastTransitionTime unless their status flips, so `kubectl describe` shows 
 Phase to conditions: entering a phase sets its condition True (Running, Restarting, Succeeded, Failed,
 Suspended) and turns the conditions it excludes False; Created is set once, when the first workers are
 created, and never turned off.
+
+When a change is written (`write_wait`): at once when it records a decision (a restart, a terminal phase,
+a suspension or admission, a refusal) or a finding someone must act on (a pending reason such as
+Unschedulable); otherwise it may wait a little, so that states a job leaves within seconds cost no write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -24,6 +29,18 @@ EXCLUDED_BY: dict[str, tuple[str, ...]] = {
     "Failed": ("Running", "Restarting", "Suspended"),
     "Suspended": ("Running", "Restarting"),
 }
+QUIET_PENDING_REASONS = ("PodNotCreated", "WaitingForScheduler")
+"""Pending reasons reported in status but neither as Warning events nor written at once: the Job
+controller and the scheduler usually act within a second, so an event would be noise (and both post their
+own events when they fail)."""
+OBSERVED_PHASES = ("Pending", "Running")
+"""Phases that say where the group stands, as observed; every other phase records a decision."""
+START_CONDITIONS = ("Created", "Running")
+"""Conditions that follow the group's start, as observed (see OBSERVED_PHASES)."""
+START_FIELDS = ("startTime", "observedGeneration")
+"""Fields that change with the group's start (or a spec edit) and wait `WriteWaits.start`."""
+DETAIL_FIELDS = ("workers", "workersReady", "progress", "message", "pendingMessage")
+"""Fields that move while a job waits or runs and wait `WriteWaits.details`."""
 PHASE_CONDITION = {
     "Running": "Running",
     "Restarting": "Restarting",
@@ -152,6 +169,81 @@ def record_progress(status: dict[str, Any], progress: dict[str, Any] | None) -> 
     """Keep the last report when pods (and their annotations) are gone."""
     if progress:
         status["progress"] = progress
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteWaits:
+    """How long a status change that records no decision may wait before it is written (`write_wait`).
+
+    Changes that wait accumulate in the next write: it goes out when the earliest of them has waited its
+    time, or at once with a decision. A state the job leaves sooner is therefore never written on its own:
+    a group whose workers all run within `start` of the job's creation gets one write for its start, and
+    one that runs for less than `start` gets none for Running (its end says it). The Job controller
+    batches its pods' changes the same way (its sync batch period), and JobSet writes a JobSet's status at
+    its start and at its end."""
+
+    start: float = 5.0
+    """Seconds for a new job's first status (Created and Pending, or a queued job's Suspended while Kueue,
+    which admits a job that fits at once, has said nothing yet), for the group moving between Pending and
+    Running, and for observedGeneration: how late `kubectl get` may show a job's start."""
+    details: float = 30.0
+    """Seconds for worker counts, progress, messages and pending reasons that need no action
+    (QUIET_PENDING_REASONS, or none): what moves while a job waits or runs. At most one write per this
+    time for them; a new phase or a decision carries them sooner."""
+
+
+WRITE_AT_ONCE = WriteWaits(start=0.0, details=0.0)
+"""Every change written when it is planned (tests of what is written, not when)."""
+
+
+def _decisions(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What in a status records a decision or a finding, so is written at once: every field but those
+    `_start` (START_FIELDS) and DETAIL_FIELDS name (an unknown field is a decision: safe to write at once)."""
+    phase = status.get("phase")
+    reason = status.get("pendingReason")
+    rest = {
+        k: v
+        for k, v in normalised(status).items()
+        if k not in START_FIELDS + DETAIL_FIELDS + ("phase", "conditions", "pendingReason")
+    }
+    return (
+        None if phase in OBSERVED_PHASES else phase,
+        None if reason in QUIET_PENDING_REASONS else reason,
+        sorted(
+            (c.get("type"), c.get("status"), c.get("reason"))
+            for c in status.get("conditions") or ()
+            if c.get("type") not in START_CONDITIONS
+        ),
+        sorted(rest.items(), key=lambda item: item[0]),
+    )
+
+
+def _start(status: dict[str, Any]) -> tuple[Any, ...]:
+    """Where the group stands: its phase, the start conditions' truth, startTime, observedGeneration."""
+    return (
+        status.get("phase"),
+        sorted(
+            (c.get("type"), c.get("status"))
+            for c in status.get("conditions") or ()
+            if c.get("type") in START_CONDITIONS
+        ),
+        *(status.get(field) for field in START_FIELDS),
+    )
+
+
+def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float:
+    """How long writing `planned` over `stored` may wait: 0 for a decision or a finding (a restart, a
+    terminal phase, a suspension, an admission, a refusal, an actionable pending reason, a new restart
+    attempt, a failure record, elastic membership); `waits.start` for a new job's first status that
+    decides nothing (no terminal phase) and for the group's start (`_start`); `waits.details` for the rest.
+    """
+    if not stored.get("phase"):
+        return 0.0 if planned.get("phase") in ("Succeeded", "Failed") else waits.start
+    if _decisions(stored) != _decisions(planned):
+        return 0.0
+    if _start(stored) != _start(planned):
+        return waits.start
+    return waits.details
 
 
 def normalised(status: dict[str, Any]) -> dict[str, Any]:
