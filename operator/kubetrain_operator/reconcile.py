@@ -491,9 +491,7 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     elif not st.is_true(status, "Created"):
         # The creating pass left its status to a later pass (its start waits: st.write_wait) or died
         # before writing it: the Jobs of this attempt, ours, say when they were created.
-        current = [j for j in obs.jobs if j not in stale]
-        times = [observe.parse_time(j["metadata"].get("creationTimestamp")) for j in current]
-        created = min((t for t in times if t is not None), default=now)
+        created = observe.first_created(j for j in obs.jobs if j not in stale) or now
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(created)
         message = _created_message(obs.name, attempt, [w.index for w in workers])
