@@ -26,12 +26,12 @@ from a cache that has not heard of the deletion yet (`_owner_confirmed`). Events
 poster (`events`).
 
 When status is written: a change that records a decision or a finding goes out at once; any other waits
-as `status.write_wait` says (a new job's first status and its start a few seconds, counts and progress
-longer), accumulating with what later passes plan, and the pass due then writes it all (`_status_due`).
-A state a job leaves within its wait is never written on its own, and a burst of submissions gets its
-workers before the status writes of its start. A held status decides nothing, so the plan's deletions
-and creations go ahead without it; its events and transitions are planned again by the pass that writes
-it.
+as `status.write_wait` says (a new job's first status and its start a few seconds, progress longer,
+worker counts until another change), accumulating with what later passes plan, and the pass due then
+writes it all (`_status_due`). A state a job leaves within its wait is never written on its own, and a
+burst of submissions gets its workers before the status writes of its start. A held status decides
+nothing, so the plan's deletions and creations go ahead without it; its events and transitions are
+planned again by the pass that writes it.
 
 Nothing is kept per TrainingJob beyond its life: `forget` (its deletion) drops every per-job structure,
 and the delay heap is rebuilt whenever stale entries outnumber live ones (`_compact_heap`), so a process
@@ -44,6 +44,7 @@ import collections
 import dataclasses
 import heapq
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -120,7 +121,8 @@ class _HeldStatus:
 
     uid: str
     due: float
-    """When it must be written (monotonic): the earliest deadline of the changes it holds."""
+    """When it must be written (monotonic): the earliest deadline of the changes it holds; infinite while
+    they wait for another change."""
     omits_children: bool = False
     """It records children this process created (Created) that the stored status does not: until it is
     written, only this says they existed, so a creation for the job is confirmed like any re-creation
@@ -471,7 +473,8 @@ class Controller:
             return outcome
         waiting = self._status_due(key, uid, stored, plan, created=creations_only)
         if waiting > 0:
-            self.schedule(key, waiting)
+            if math.isfinite(waiting):  # else it waits for another change
+                self.schedule(key, waiting)
         elif plan.status_changed(stored):
             written = self._write_status(body, plan, outcome)
             if written is None:
@@ -574,9 +577,10 @@ class Controller:
     def _status_due(
         self, key: Key, uid: str, stored: dict[str, Any], plan: reconcile.Plan, *, created: bool
     ) -> float:
-        """Seconds the planned status must still wait (`status.write_wait`), 0 to write it now (or when
-        nothing changed). A held change keeps its deadline while later passes plan more beside it; a
-        more urgent one brings the write forward. `created`: this pass created the plan's children."""
+        """Seconds the planned status must still wait (`status.write_wait`): 0 to write it now (or
+        when nothing changed), infinite when only another change writes it. A held change keeps its
+        deadline while later passes plan more beside it; a more urgent one brings the write forward.
+        `created`: this pass created the plan's children."""
         if not plan.status_changed(stored):
             with self._lock:
                 self._held.pop(key, None)
@@ -584,7 +588,8 @@ class Controller:
         if plan.delete_self:  # the TrainingJob goes: nothing is left to write later
             return 0.0
         now = self.monotonic()
-        due = now + st.write_wait(stored, plan.status, self.status_waits)
+        wait = st.write_wait(stored, plan.status, self.status_waits)
+        due = math.inf if wait is None else now + wait
         with self._lock:
             held = self._held.get(key)
             if held is None or held.uid != uid:

@@ -9,7 +9,8 @@ created, and never turned off.
 
 When a change is written (`write_wait`): at once when it records a decision (a restart, a terminal phase,
 a suspension or admission, a refusal) or a finding someone must act on (a pending reason such as
-Unschedulable); otherwise it may wait a little, so that states a job leaves within seconds cost no write.
+Unschedulable); a job's start and its progress may wait a little, so that states a job leaves within
+seconds cost no write; worker counts wait for another change.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ START_CONDITIONS = ("Created", "Running")
 """Conditions that follow the group's start, as observed (see OBSERVED_PHASES)."""
 START_FIELDS = ("startTime", "observedGeneration")
 """Fields that change with the group's start (or a spec edit) and wait `WriteWaits.start`."""
-DETAIL_FIELDS = ("workers", "workersReady", "progress", "message", "pendingMessage")
-"""Fields that move while a job waits or runs and wait `WriteWaits.details`."""
+COUNT_FIELDS = ("workers", "workersReady", "message", "pendingMessage")
+"""Fields that move with every pod's step and wait `WriteWaits.counts` (with a quiet pending reason)."""
 PHASE_CONDITION = {
     "Running": "Running",
     "Restarting": "Restarting",
@@ -179,33 +180,34 @@ class WriteWaits:
     time, or at once with a decision. A state the job leaves sooner is therefore never written on its own:
     a group whose workers all run within `start` of the job's creation gets one write for its start, and
     one that runs for less than `start` gets none for Running (its end says it). The Job controller
-    batches its pods' changes the same way (its sync batch period), and JobSet writes a JobSet's status at
-    its start and at its end."""
+    batches its pods' changes the same way (its sync batch period); JobSet was measured writing two
+    status updates per JobSet, at its start and at its end (`benchmarks/peers.py`)."""
 
     start: float = 5.0
     """Seconds for a new job's first status (Created and Pending, or a queued job's Suspended while Kueue,
     which admits a job that fits at once, has said nothing yet), for the group moving between Pending and
     Running, and for observedGeneration: how late `kubectl get` may show a job's start."""
     details: float = 30.0
-    """Seconds for worker counts, progress, messages and pending reasons that need no action
-    (QUIET_PENDING_REASONS, or none): what moves while a job waits or runs. At most one write per this
-    time for them; a new phase or a decision carries them sooner."""
+    """Seconds for progress (epoch, loss) and for a condition's new message (what Kueue says of a queued
+    job): at most one write per this time for them."""
+    counts: float | None = None
+    """Seconds for worker counts (READY), messages and pending reasons that need no action
+    (QUIET_PENDING_REASONS, or none); None: they are written only with another change. They move with
+    every pod's step, and the phase they belong to says what a user acts on: a reason to act (such as
+    Unschedulable) is written at once, and Running and the end carry the counts."""
 
 
-WRITE_AT_ONCE = WriteWaits(start=0.0, details=0.0)
+WRITE_AT_ONCE = WriteWaits(start=0.0, details=0.0, counts=0.0)
 """Every change written when it is planned (tests of what is written, not when)."""
 
 
 def _decisions(status: dict[str, Any]) -> tuple[Any, ...]:
     """What in a status records a decision or a finding, so is written at once: every field but those
-    `_start` (START_FIELDS) and DETAIL_FIELDS name (an unknown field is a decision: safe to write at once)."""
+    `_start`, `_details` and COUNT_FIELDS name (an unknown field is a decision: safe to write at once)."""
     phase = status.get("phase")
     reason = status.get("pendingReason")
-    rest = {
-        k: v
-        for k, v in normalised(status).items()
-        if k not in START_FIELDS + DETAIL_FIELDS + ("phase", "conditions", "pendingReason")
-    }
+    named = (*START_FIELDS, *COUNT_FIELDS, "progress", "phase", "conditions", "pendingReason")
+    rest = {k: v for k, v in normalised(status).items() if k not in named}
     return (
         None if phase in OBSERVED_PHASES else phase,
         None if reason in QUIET_PENDING_REASONS else reason,
@@ -231,19 +233,28 @@ def _start(status: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float:
-    """How long writing `planned` over `stored` may wait: 0 for a decision or a finding (a restart, a
-    terminal phase, a suspension, an admission, a refusal, an actionable pending reason, a new restart
-    attempt, a failure record, elastic membership); `waits.start` for a new job's first status that
-    decides nothing (no terminal phase) and for the group's start (`_start`); `waits.details` for the rest.
-    """
+def _details(status: dict[str, Any]) -> tuple[Any, ...]:
+    """Progress and the conditions' messages."""
+    messages = sorted((c.get("type"), c.get("message")) for c in status.get("conditions") or ())
+    return (status.get("progress"), messages)
+
+
+def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float | None:
+    """How long writing `planned` over `stored` may wait, in seconds; None: until another change is
+    written. 0 for a decision or a finding (a restart, a terminal phase, a suspension, an admission, a
+    refusal, an actionable pending reason, a failure record, elastic membership); `waits.start` for a new
+    job's first status that decides nothing (no terminal phase) and for the group's start (`_start`);
+    `waits.details` for progress and conditions' messages; `waits.counts` for the rest (COUNT_FIELDS).
+    Call it only for a status that changed."""
     if not stored.get("phase"):
         return 0.0 if planned.get("phase") in ("Succeeded", "Failed") else waits.start
     if _decisions(stored) != _decisions(planned):
         return 0.0
     if _start(stored) != _start(planned):
         return waits.start
-    return waits.details
+    if _details(stored) != _details(planned):
+        return waits.details
+    return waits.counts
 
 
 def normalised(status: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
+from kubetrain_trainer import contract
 from operator_fakes import NS, pod, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
@@ -780,7 +781,7 @@ def test_a_group_that_runs_for_less_than_its_start_wait_is_written_pending_then_
     assert (NS, "demo") not in ctl._held
 
 
-def test_worker_counts_wait_their_details_wait_and_a_restart_carries_them_at_once() -> None:
+def test_worker_counts_wait_for_another_change_and_a_restart_carries_them_at_once() -> None:
     fake = _fake_with_job(trainer_spec(workers=3))
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
@@ -792,24 +793,38 @@ def test_worker_counts_wait_their_details_wait_and_a_restart_carries_them_at_onc
     finished["status"] = pod(2, 0, phase="Succeeded")["status"]
     fake._bump(finished)
     ctl.reconcile(NS, "demo")
+    ticks.now += 3600
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1  # READY 2/3 is no news worth a write
+    failed = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]
+    failed["status"] = pod(0, 0, phase="Failed", exit_code=11)["status"]
+    fake._bump(failed)
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 2
+    status = fake.status()
+    assert status["phase"] == "Restarting" and status["restarts"] == 1
+    assert status["workers"]["succeeded"] == 1
+
+
+def test_progress_waits_its_details_wait() -> None:
+    fake = _fake_with_job()
+    ctl, ticks = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ticks.now += WAITS.start
+    ctl.reconcile(NS, "demo")
+    rank0 = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]
+    rank0["metadata"].setdefault("annotations", {})[contract.PROGRESS_ANNOTATION] = (
+        '{"epoch": 1, "epochs": 2, "loss": 0.5}'
+    )
+    fake._bump(rank0)
+    ctl.reconcile(NS, "demo")
     ticks.now += WAITS.details - 1
     ctl.reconcile(NS, "demo")
     assert fake.calls.count("patch status") == 1
     ticks.now += 1
     ctl.reconcile(NS, "demo")
-    assert fake.calls.count("patch status") == 2 and fake.status()["workers"]["succeeded"] == 1
-    finished = fake.objects[("Pod", NS, "demo-r0-w1-abcde")]
-    finished["status"] = pod(1, 0, phase="Succeeded")["status"]
-    fake._bump(finished)
-    ctl.reconcile(NS, "demo")  # held
-    failed = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]
-    failed["status"] = pod(0, 0, phase="Failed", exit_code=11)["status"]
-    fake._bump(failed)
-    ctl.reconcile(NS, "demo")
-    assert fake.calls.count("patch status") == 3
-    status = fake.status()
-    assert status["phase"] == "Restarting" and status["restarts"] == 1
-    assert status["workers"]["succeeded"] == 2
+    assert fake.calls.count("patch status") == 2 and fake.status()["progress"]["epoch"] == 1
 
 
 def test_a_queued_job_kueue_says_nothing_about_shows_suspended_after_its_start_wait() -> None:

@@ -1,4 +1,5 @@
-"""status.write_wait: which status changes are written at once, and how long the others may wait."""
+"""status.write_wait: which status changes are written at once, how long the others may wait, and which
+wait for another change (None)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from kubetrain_operator import status as st
 
 pytestmark = pytest.mark.unit
 
-WAITS = st.WriteWaits(start=5.0, details=30.0)
+WAITS = st.WriteWaits(start=5.0, details=30.0, counts=None)
 
 
 def _cond(type_: str, value: str = "True", reason: str = "r", message: str = "m") -> dict[str, Any]:
@@ -61,13 +62,13 @@ QUEUED = {
         pytest.param(RUNNING, {**RUNNING, "phase": "Pending"}, WAITS.start, id="Running to Pending"),
         pytest.param(PENDING, {**PENDING, "observedGeneration": 2}, WAITS.start, id="a spec edit seen"),
         pytest.param(
-            RUNNING, {**RUNNING, "workers": {"active": 1, "succeeded": 1}}, WAITS.details, id="worker counts"
+            RUNNING, {**RUNNING, "workers": {"active": 1, "succeeded": 1}}, None, id="worker counts"
         ),
         pytest.param(RUNNING, {**RUNNING, "progress": {"epoch": 3}}, WAITS.details, id="progress"),
         pytest.param(
             PENDING,
             {**PENDING, "pendingReason": "WaitingForScheduler", "pendingMessage": "worker 0: waiting"},
-            WAITS.details,
+            None,
             id="a pending reason that needs no action",
         ),
         pytest.param(
@@ -131,6 +132,6 @@ QUEUED = {
     ],
 )
 def test_decisions_and_findings_are_written_at_once_and_what_is_observed_waits(
-    stored: dict[str, Any], planned: dict[str, Any], wait: float
+    stored: dict[str, Any], planned: dict[str, Any], wait: float | None
 ) -> None:
     assert st.write_wait(stored, planned, WAITS) == wait
