@@ -267,17 +267,6 @@ def plan(
         # Restarting event, a new member its MembershipChanged.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
-    elif present and not st.is_true(status, "Created"):
-        # The creating pass left its status to a later pass (its start waits: st.write_wait) or died
-        # before writing it: the members' Jobs say when they were created.
-        jobs = {m.job_name for m in present}
-        created_at = observe.first_created(j for j in obs.jobs if j["metadata"]["name"] in jobs) or now
-        if status.get("startTime") is None:
-            status["startTime"] = st.timestamp(created_at)
-        created = ", ".join(names.worker_job_name(obs.name, attempts[m.index], m.index) for m in present)
-        message = f"created {len(present)} worker Jobs: {created}"
-        st.set_condition(status, "Created", True, "WorkersCreated", message, created_at)
-        out.transitions.append("created")
 
     # 10. Where the group stands: who runs, the world size, and whether minWorkers are there.
     running = [m.index for m in members if m.phase in ("running", "succeeded")]

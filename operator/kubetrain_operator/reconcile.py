@@ -383,6 +383,9 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         st.set_condition(status, "Suspended", False, reason, message, now)
         out.events.append(Event("Normal", reason, message))
 
+    if _record_created(status, workers, [j for j in obs.jobs if j not in stale], now):
+        out.transitions.append("created")
+
     # 4. Deadline.
     started = observe.parse_time(status.get("startTime"))
     deadline = spec.run_policy.active_deadline_seconds
@@ -483,20 +486,11 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
-        message = _created_message(obs.name, attempt, [w.index for w in missing])
+        message = _created_message([names.worker_job_name(obs.name, attempt, w.index) for w in missing])
         # A start is told by the Created and Running conditions (message and time), not by Normal
         # events: an Event is one more write per job for what status already says.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
-    elif not st.is_true(status, "Created"):
-        # The creating pass left its status to a later pass (its start waits: st.write_wait) or died
-        # before writing it: the Jobs of this attempt, ours, say when they were created.
-        created = observe.first_created(j for j in obs.jobs if j not in stale) or now
-        if status.get("startTime") is None:
-            status["startTime"] = st.timestamp(created)
-        message = _created_message(obs.name, attempt, [w.index for w in workers])
-        st.set_condition(status, "Created", True, "WorkersCreated", message, created)
-        out.transitions.append("created")
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
@@ -610,10 +604,29 @@ def _queueing(
     return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
 
 
-def _created_message(name: str, attempt: int, indices: Sequence[int]) -> str:
-    first = names.worker_job_name(name, attempt, indices[0])
-    last = f" .. {names.worker_job_name(name, attempt, indices[-1])}" if len(indices) > 1 else ""
-    return f"created {len(indices)} worker Jobs for restart attempt {attempt}: {first}{last}"
+def _created_message(job_names: Sequence[str]) -> str:
+    last = f" .. {job_names[-1]}" if len(job_names) > 1 else ""
+    return f"created {len(job_names)} worker Jobs: {job_names[0]}{last}"
+
+
+def _record_created(
+    status: dict[str, Any],
+    workers: Sequence[observe.Worker],
+    jobs: Sequence[Mapping[str, Any]],
+    now: datetime,
+) -> bool:
+    """Say that the workers' Jobs were created when they exist and status does not say so yet: the pass
+    that created them left its status to a later one (a job's start waits: `st.write_wait`) or died
+    before writing it. Dated from the Jobs' creation, and done before any verdict, so a job that ends
+    before its first status write still says when it started. Whether it said so now."""
+    present = [w.job_name for w in workers if w.phase != "missing" and w.job_name]
+    if not present or st.is_true(status, "Created"):
+        return False
+    created = observe.first_created(jobs) or now
+    if status.get("startTime") is None:
+        status["startTime"] = st.timestamp(created)
+    st.set_condition(status, "Created", True, "WorkersCreated", _created_message(present), created)
+    return True
 
 
 REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")

@@ -18,7 +18,10 @@ STARTED = {
     "restartAttempt": 0,
     "restarts": 0,
     "phase": "Running",
-    "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"}],
+    "conditions": [
+        {"type": "Created", "status": "True", "reason": "WorkersCreated", "message": "m"},
+        {"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"},
+    ],
 }
 
 
@@ -63,9 +66,20 @@ def test_a_pass_after_the_creating_one_dates_created_and_start_from_the_jobs() -
         j["metadata"]["creationTimestamp"] = "2026-01-01T00:59:57Z"
     p = _plan(status={}, jobs=jobs, pods=[pod(0), pod(1)])  # the creating pass wrote no status
     created = _cond(p, "Created")
-    assert created["message"] == "created 2 worker Jobs for restart attempt 0: demo-r0-w0 .. demo-r0-w1"
+    assert created["message"] == "created 2 worker Jobs: demo-r0-w0 .. demo-r0-w1"
     assert created["lastTransitionTime"] == p.status["startTime"] == "2026-01-01T00:59:57Z"
     assert "created" in p.transitions
+
+
+def test_a_job_that_ends_before_its_first_status_write_still_says_when_it_started() -> None:
+    jobs = [job(0), job(1)]
+    for j in jobs:
+        j["metadata"]["creationTimestamp"] = "2026-01-01T00:59:57Z"
+    p = _plan(status={}, jobs=jobs, pods=[pod(0, phase="Succeeded"), pod(1, phase="Succeeded")])
+    assert p.status["phase"] == "Succeeded"
+    assert p.status["startTime"] == "2026-01-01T00:59:57Z" <= p.status["completionTime"]
+    assert _cond(p, "Created")["status"] == "True"
+    assert p.transitions == ["created", "succeeded"]
 
 
 def test_operator_killed_mid_creation_creates_only_the_rest() -> None:
