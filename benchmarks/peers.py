@@ -454,7 +454,7 @@ class Controller:
             return False
 
     def requests(self) -> list[dict[str, str]]:
-        """The controller's requests so far, from the audit log."""
+        """The controller's requests so far, from the audit log (verb, resource, object name)."""
         out = []
         with contextlib.suppress(FileNotFoundError), self.audit.open() as f:
             for line in f:
@@ -463,7 +463,7 @@ class Controller:
                 resource = ref.get("resource", "other") + (
                     f"/{ref['subresource']}" if ref.get("subresource") else ""
                 )
-                out.append({"verb": event["verb"], "resource": resource})
+                out.append({"verb": event["verb"], "resource": resource, "name": ref.get("name", "")})
         return out
 
     def stats(self) -> dict[str, float]:
@@ -517,6 +517,8 @@ def run_system(system: str, args: argparse.Namespace, workdir: Path, tag: str) -
             raise RuntimeError(f"{system}: {len(pods)} pods seen, {n * w} expected")
         per_job = [succeeded[name] - created[name] for name in succeeded]
         by_kind = Counter(f"{r['verb']} {r['resource']}" for r in rows)
+        status_writes = Counter(r["name"] for r in rows if r["resource"].endswith("/status"))
+        writes_per_job = Counter(status_writes[body["metadata"]["name"]] for body in bodies)
         out = {
             "system": system,
             "submit_seconds": submit,
@@ -535,6 +537,9 @@ def run_system(system: str, args: argparse.Namespace, workdir: Path, tag: str) -
             "peak_rss_mb": after["peak_rss_mb"],
             "requests_per_job": round(len(rows) / n, 2),
             "requests_by_kind_per_job": {k: round(c / n, 2) for k, c in by_kind.most_common()},
+            "requests": len(rows),
+            "requests_by_kind": dict(by_kind.most_common()),
+            "jobs_by_status_writes": {str(k): v for k, v in sorted(writes_per_job.items())},
             "watch_errors": watch.errors[:10],
         }
         job = out["job_created_to_succeeded_seconds"]
@@ -637,6 +642,11 @@ def render_markdown(results: dict[str, Any]) -> str:
     for system, run in results["rounds"][-1].items():
         kinds = ", ".join(f"{k} {v:g}" for k, v in run["requests_by_kind_per_job"].items())
         lines.append(f"- {system}: {kinds}")
+        if "requests_by_kind" in run:
+            totals = ", ".join(f"{k} {v}" for k, v in run["requests_by_kind"].items())
+            writes = ", ".join(f"{k} for {v} jobs" for k, v in run["jobs_by_status_writes"].items())
+            lines.append(f"  - all {run['requests']} requests: {totals}")
+            lines.append(f"  - status writes: {writes}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,19 +13,25 @@ with capped exponential backoff.
 Executing a plan. A plan that only creates the current attempt's children (a new job, or a missing
 worker) creates them first, concurrently, then records status: nothing in that status is a decision the
 creations depend on, and a kill in between leaves children a later reconcile recognises (names are
-deterministic). While other new jobs wait in the queue, that status write is left to a routine pass half
-a second later, so a burst of submissions gets all its workers before any of its status writes.
-Any other plan writes status first, guarded by the resourceVersion it was planned from (a stale read
-fails with 409 and is planned again instead of overwriting), because its status records a decision (a
-new restart attempt, a terminal phase) that must be durable before its effects: deletions, then
-creations. 409 AlreadyExists on a creation is success when the existing object is controlled by this
-TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate when
-anything else holds the name; deletions name the uid they were planned from, so they never remove a
+deterministic). Any other plan writes status first, guarded by the resourceVersion it was planned from
+(a stale read fails with 409 and is planned again instead of overwriting), because its status records a
+decision (a new restart attempt, a terminal phase) that must be durable before its effects: deletions,
+then creations. 409 AlreadyExists on a creation is success when the existing object is controlled by
+this TrainingJob's uid (a retry or a restarted operator never creates a duplicate), and a FailedCreate
+when anything else holds the name; deletions name the uid they were planned from, so they never remove a
 namesake created since. Creations that are not the TrainingJob's first (a new attempt, or children that
-disappeared) are preceded by one GET of the TrainingJob, and made only if it is still the version the plan
-was made from: a deleted job's children, removed by the garbage collector, must not be re-created from a
-cache that has not heard of the deletion yet (`_owner_confirmed`). Events go to a background poster
-(`events`).
+disappeared) are preceded by one GET of the TrainingJob, and made only if it is still the version the
+plan was made from: a deleted job's children, removed by the garbage collector, must not be re-created
+from a cache that has not heard of the deletion yet (`_owner_confirmed`). Events go to a background
+poster (`events`).
+
+When status is written: a change that records a decision or a finding goes out at once; any other waits
+as `status.write_wait` says (a new job's first status and its start a few seconds, progress longer,
+worker counts until another change), accumulating with what later passes plan, and the pass due then
+writes it all (`_status_due`). A state a job leaves within its wait is never written on its own, and a
+burst of submissions gets its workers before the status writes of its start. A held status decides
+nothing, so the plan's deletions and creations go ahead without it; its events and transitions are
+planned again by the pass that writes it.
 
 Nothing is kept per TrainingJob beyond its life: `forget` (its deletion) drops every per-job structure,
 and the delay heap is rebuilt whenever stale entries outnumber live ones (`_compact_heap`), so a process
@@ -38,6 +44,7 @@ import collections
 import dataclasses
 import heapq
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -71,15 +78,6 @@ AUDIT_SECONDS = 300.0
 """How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
 ROUTINE_MAX_WAIT = 30.0
 """Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
-DEFERRED_STATUS_DELAY = 0.5
-"""Seconds before the routine pass that records a new job's status when its creation pass skipped it."""
-QUEUED_STATUS_DELAY = 2.0
-"""Seconds a new queued TrainingJob's first status write waits after its Kueue Workload is created. Kueue
-admits a Workload that fits at once, and that admission's watch event brings the reconcile creating the
-workers and writing their status: a job admitted at once never writes "Suspended: queued" (two status
-writes and two events fewer). A job that does not fit hears from Kueue (QuotaReserved False, with the
-reason) through the same watch; this delay only bounds how long a job Kueue says nothing about shows no
-phase."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 HEAP_SLACK = 64
@@ -118,6 +116,20 @@ def utcnow() -> datetime:
 
 
 @dataclasses.dataclass
+class _HeldStatus:
+    """A TrainingJob's planned status that waits to be written (`status.write_wait`)."""
+
+    uid: str
+    due: float
+    """When it must be written (monotonic): the earliest deadline of the changes it holds; infinite while
+    they wait for another change."""
+    omits_children: bool = False
+    """It records children this process created (Created) that the stored status does not: until it is
+    written, only this says they existed, so a creation for the job is confirmed like any re-creation
+    (`_owner_confirmed`)."""
+
+
+@dataclasses.dataclass
 class _KeyState:
     running: bool = False
     dirty: bool = False
@@ -137,6 +149,8 @@ class Controller:
         namespaces: list[str] | None = None,
         audit_seconds: float = AUDIT_SECONDS,
         worker_identities: workeridentity.WorkerIdentities | None = None,
+        status_waits: st.WriteWaits | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = client
         self.cache = cache
@@ -150,6 +164,9 @@ class Controller:
         self.worker_identities = worker_identities
         """Creates the workers' ServiceAccount where workers need it (--worker-cluster-role); None: the
         account is the admin's to create."""
+        self.status_waits = status_waits or st.WriteWaits()
+        self.monotonic = monotonic
+        """The clock of held status writes (tests move it; the queue and its delays use real time)."""
         self._stopped = threading.Event()
         self.ready = threading.Event()
         """Set when the cache is complete (every informer listed once): workers plan nothing before."""
@@ -175,11 +192,8 @@ class Controller:
         self._refused: dict[Key, tuple[str | None, str]] = {}
         """TrainingJobs whose status the API server refuses -> (the resourceVersion refused, the message):
         nothing is tried again, and nothing said again, until the object changes."""
-        self._unrecorded: dict[Key, str] = {}
-        """TrainingJobs whose children this process created while their status write was left to a later
-        pass -> the uid they were created for. Until that status says Created, only this says the
-        children existed: a creation for such a job is confirmed like any re-creation (`_owner_confirmed`).
-        """
+        self._held: dict[Key, _HeldStatus] = {}
+        """TrainingJobs whose planned status waits to be written (`_status_due`)."""
 
     # ------------------------------------------------------------ the queue
 
@@ -349,7 +363,7 @@ class Controller:
         lock held."""
         self._active.pop(key, None)
         self._refused.pop(key, None)
-        self._unrecorded.pop(key, None)
+        self._held.pop(key, None)
         self._due.pop(key, None)  # its heap entry, if any, is now stale (see _compact_heap)
         self.metrics.active.set(sum(self._active.values()))
 
@@ -440,7 +454,8 @@ class Controller:
         )
         plan = reconcile.plan(observed, self.clock(), self.defaults)
         with self._lock:
-            unrecorded = self._unrecorded.get(key) == uid
+            held = self._held.get(key)
+            unrecorded = held is not None and held.uid == uid and held.omits_children
         if plan.create and (plan.confirm_owner or unrecorded) and not self._owner_confirmed(body):
             if self.cache.trainingjob(namespace, name) is None:
                 return self._gone(key)
@@ -454,27 +469,19 @@ class Controller:
             and not plan.delete_self
             and plan.status.get("restartAttempt") == stored.get("restartAttempt", 0)
         )
-        if creations_only:
-            if not self._create_all(body, plan, outcome):
-                return outcome
-            if not stored.get("phase") and any(m["kind"] == "Workload" for m in plan.create):
-                self.schedule((namespace, name), QUEUED_STATUS_DELAY)  # see QUEUED_STATUS_DELAY
-                return outcome
-            if self._urgent_queued():
-                # Other jobs are waiting for their workers: this job's status (Created, startTime, phase)
-                # is written by a routine pass after them, and its transitions are counted there.
-                self._post_plan_events(body, plan)
-                with self._lock:
-                    self._unrecorded[key] = uid
-                self.schedule(key, DEFERRED_STATUS_DELAY)
-                return outcome
-        if plan.status_changed(stored):
+        if creations_only and not self._create_all(body, plan, outcome):
+            return outcome
+        waiting = self._status_due(key, uid, stored, plan, created=creations_only)
+        if waiting > 0:
+            if math.isfinite(waiting):  # else it waits for another change
+                self.schedule(key, waiting)
+        elif plan.status_changed(stored):
             written = self._write_status(body, plan, outcome)
             if written is None:
                 return outcome
             body = written  # later writes are guarded by the version this one made
             with self._lock:
-                self._unrecorded.pop(key, None)
+                self._held.pop(key, None)
         if not creations_only:
             for deletion in plan.delete:
                 self.kube.delete(
@@ -489,6 +496,8 @@ class Controller:
                 return outcome
         if not self._write_workload(observed, plan):
             return outcome
+        if waiting > 0:
+            return outcome  # its events and transitions are planned again by the pass that writes it
         self._post_plan_events(body, plan)
         if plan.delete_self:
             self.kube.delete(constants.KIND, namespace, name, "Background", uid)
@@ -565,9 +574,31 @@ class Controller:
         )
         return False
 
-    def _urgent_queued(self) -> bool:
+    def _status_due(
+        self, key: Key, uid: str, stored: dict[str, Any], plan: reconcile.Plan, *, created: bool
+    ) -> float:
+        """Seconds the planned status must still wait (`status.write_wait`): 0 to write it now (or
+        when nothing changed), infinite when only another change writes it. A held change keeps its
+        deadline while later passes plan more beside it; a more urgent one brings the write forward.
+        `created`: this pass created the plan's children."""
+        if not plan.status_changed(stored):
+            with self._lock:
+                self._held.pop(key, None)
+            return 0.0
+        if plan.delete_self:  # the TrainingJob goes: nothing is left to write later
+            return 0.0
+        now = self.monotonic()
+        wait = st.write_wait(stored, plan.status, self.status_waits)
+        due = math.inf if wait is None else now + wait
         with self._lock:
-            return any(self._queued.values())
+            held = self._held.get(key)
+            if held is None or held.uid != uid:
+                held = self._held[key] = _HeldStatus(uid, due)
+            held.due = min(held.due, due)
+            held.omits_children |= (
+                created and st.is_true(plan.status, "Created") and not st.is_true(stored, "Created")
+            )
+            return max(0.0, held.due - now)
 
     def busy(self) -> bool:
         """Whether new or changed TrainingJobs are waiting for a reconcile thread or being reconciled."""

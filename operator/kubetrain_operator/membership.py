@@ -263,9 +263,10 @@ def plan(
             status["startTime"] = st.timestamp(now)
         created = ", ".join(names.worker_job_name(obs.name, attempts[m.index], m.index) for m in missing)
         message = f"created {len(missing)} worker Jobs: {created}"
+        # Told by the Created condition, not a Normal event (see reconcile); a replacement has its
+        # Restarting event, a new member its MembershipChanged.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
-        out.events.append(reconcile.Event("Normal", "CreatedWorkers", message))
 
     # 10. Where the group stands: who runs, the world size, and whether minWorkers are there.
     running = [m.index for m in members if m.phase in ("running", "succeeded")]
@@ -283,16 +284,14 @@ def plan(
         )
     st.record_workers(status, members, spec.workers)
     reason = status.get("pendingReason")
-    if reason and reason not in reconcile.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
+    if reason and reason not in st.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(reconcile.Event("Warning", reason, status["pendingMessage"] or ""))
     if len(running) >= spec.elastic.min_workers and store is not None and store.phase == "running":
         message = (
             f"{len(running)} of {spec.workers} workers running (world size {world}; minWorkers "
             f"{spec.elastic.min_workers})"
         )
-        if st.enter_phase(status, "Running", "MinWorkersRunning", message, now):
-            out.events.append(reconcile.Event("Normal", "Running", message))
-        else:
+        if not st.enter_phase(status, "Running", "MinWorkersRunning", message, now):
             status["message"] = message
     else:
         message = f"waiting for minWorkers: {len(running)} of {spec.elastic.min_workers} running" + (

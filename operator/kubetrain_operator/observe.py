@@ -269,6 +269,12 @@ def parse_time(value: str | None) -> datetime | None:
         return None
 
 
+def first_created(jobs: Iterable[Mapping[str, Any]]) -> datetime | None:
+    """When the first of `jobs` was created (their creationTimestamp), None when none says."""
+    times = [parse_time(j.get("metadata", {}).get("creationTimestamp")) for j in jobs]
+    return min((t for t in times if t is not None), default=None)
+
+
 def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None) -> dict[str, Any] | None:
     """The newest valid progress report (annotation kubetrain.io/progress), rank 0's pod preferred."""
     best: tuple[tuple[int, str], dict[str, Any]] | None = None

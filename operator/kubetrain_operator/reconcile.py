@@ -48,10 +48,6 @@ RESYNC_SECONDS = 60.0
 WAIT_SECONDS = 2.0
 """Requeue delay while waiting for deletions to finish."""
 
-QUIET_PENDING_REASONS = ("PodNotCreated", "WaitingForScheduler")
-"""Pending reasons reported in status but not as Warning events: the Job controller and the scheduler
-usually act within a second, so an event would be noise (and both post their own events when they fail)."""
-
 Propagation = Literal["Foreground", "Background"]
 
 
@@ -387,6 +383,9 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         st.set_condition(status, "Suspended", False, reason, message, now)
         out.events.append(Event("Normal", reason, message))
 
+    if _record_created(status, workers, [j for j in obs.jobs if j not in stale], now):
+        out.transitions.append("created")
+
     # 4. Deadline.
     started = observe.parse_time(status.get("startTime"))
     deadline = spec.run_policy.active_deadline_seconds
@@ -487,25 +486,11 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
-        message = (
-            f"created {len(missing)} worker Jobs for restart attempt {attempt}: "
-            f"{names.worker_job_name(obs.name, attempt, missing[0].index)}"
-            + (
-                f" .. {names.worker_job_name(obs.name, attempt, missing[-1].index)}"
-                if len(missing) > 1
-                else ""
-            )
-        )
+        message = _created_message([names.worker_job_name(obs.name, attempt, w.index) for w in missing])
+        # A start is told by the Created and Running conditions (message and time), not by Normal
+        # events: an Event is one more write per job for what status already says.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
-        out.events.append(Event("Normal", "CreatedWorkers", message))
-    elif not st.is_true(status, "Created"):
-        # The creating pass died before recording it (the shell creates first, then writes status).
-        if status.get("startTime") is None:
-            status["startTime"] = st.timestamp(now)
-        message = f"the {spec.workers} worker Jobs of restart attempt {attempt} exist"
-        st.set_condition(status, "Created", True, "WorkersCreated", message, now)
-        out.transitions.append("created")
 
     # 8. Where the group stands.
     st.record_workers(status, workers, spec.workers)
@@ -518,12 +503,11 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         status["pendingReason"] = "FailedCreate"
         status["pendingMessage"] = obs.status.get("pendingMessage")
     reason = status.get("pendingReason")
-    if reason and reason not in QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
+    if reason and reason not in st.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))
     if st.group_running(workers):
         message = f"all {spec.workers} workers are running (restart attempt {attempt})"
-        if st.enter_phase(status, "Running", "AllWorkersRunning", message, now):
-            out.events.append(Event("Normal", "Running", message))
+        st.enter_phase(status, "Running", "AllWorkersRunning", message, now)
     elif st.is_true(status, "Restarting"):
         status["phase"] = "Restarting"
     else:
@@ -618,6 +602,31 @@ def _queueing(
         out.requeue_after = WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
         return _Queued(hold=("Queued", placement))
     return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
+
+
+def _created_message(job_names: Sequence[str]) -> str:
+    last = f" .. {job_names[-1]}" if len(job_names) > 1 else ""
+    return f"created {len(job_names)} worker Jobs: {job_names[0]}{last}"
+
+
+def _record_created(
+    status: dict[str, Any],
+    workers: Sequence[observe.Worker],
+    jobs: Sequence[Mapping[str, Any]],
+    now: datetime,
+) -> bool:
+    """Say that the workers' Jobs were created when they exist and status does not say so yet: the pass
+    that created them left its status to a later one (a job's start waits: `st.write_wait`) or died
+    before writing it. Dated from the Jobs' creation, and done before any verdict, so a job that ends
+    before its first status write still says when it started. Whether it said so now."""
+    present = [w.job_name for w in workers if w.phase != "missing" and w.job_name]
+    if not present or st.is_true(status, "Created"):
+        return False
+    created = observe.first_created(jobs) or now
+    if status.get("startTime") is None:
+        status["startTime"] = st.timestamp(created)
+    st.set_condition(status, "Created", True, "WorkersCreated", _created_message(present), created)
+    return True
 
 
 REFUSAL_REASONS = ("InvalidSpec", "NotAllowed")

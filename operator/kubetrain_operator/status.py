@@ -6,10 +6,16 @@ their lastTransitionTime unless their status flips, so `kubectl describe` shows 
 Phase to conditions: entering a phase sets its condition True (Running, Restarting, Succeeded, Failed,
 Suspended) and turns the conditions it excludes False; Created is set once, when the first workers are
 created, and never turned off.
+
+When a change is written (`write_wait`): at once when it records a decision (a restart, a terminal phase,
+a suspension or admission, a refusal) or a finding someone must act on (a pending reason such as
+Unschedulable); a job's start and its progress may wait a little, so that states a job leaves within
+seconds cost no write; worker counts wait for another change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -24,6 +30,18 @@ EXCLUDED_BY: dict[str, tuple[str, ...]] = {
     "Failed": ("Running", "Restarting", "Suspended"),
     "Suspended": ("Running", "Restarting"),
 }
+QUIET_PENDING_REASONS = ("PodNotCreated", "WaitingForScheduler")
+"""Pending reasons reported in status but neither as Warning events nor written at once: the Job
+controller and the scheduler usually act within a second, so an event would be noise (and both post their
+own events when they fail)."""
+OBSERVED_PHASES = ("Pending", "Running")
+"""Phases that say where the group stands, as observed; every other phase records a decision."""
+START_CONDITIONS = ("Created", "Running")
+"""Conditions that follow the group's start, as observed (see OBSERVED_PHASES)."""
+START_FIELDS = ("startTime", "observedGeneration")
+"""Fields that change with the group's start (or a spec edit) and wait `WriteWaits.start`."""
+COUNT_FIELDS = ("workers", "workersReady", "message", "pendingMessage")
+"""Fields that move with every pod's step and wait `WriteWaits.counts` (with a quiet pending reason)."""
 PHASE_CONDITION = {
     "Running": "Running",
     "Restarting": "Restarting",
@@ -152,6 +170,91 @@ def record_progress(status: dict[str, Any], progress: dict[str, Any] | None) -> 
     """Keep the last report when pods (and their annotations) are gone."""
     if progress:
         status["progress"] = progress
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteWaits:
+    """How long a status change that records no decision may wait before it is written (`write_wait`).
+
+    Changes that wait accumulate in the next write: it goes out when the earliest of them has waited its
+    time, or at once with a decision. A state the job leaves sooner is therefore never written on its own:
+    a group whose workers all run within `start` of the job's creation gets one write for its start, and
+    one that runs for less than `start` gets none for Running (its end says it). The Job controller
+    batches its pods' changes the same way (its sync batch period); JobSet was measured writing two
+    status updates per JobSet, at its start and at its end (`benchmarks/peers.py`)."""
+
+    start: float = 5.0
+    """Seconds for a new job's first status (Created and Pending, or a queued job's Suspended while Kueue,
+    which admits a job that fits at once, has said nothing yet), for the group moving between Pending and
+    Running, and for observedGeneration: how late `kubectl get` may show a job's start."""
+    details: float = 30.0
+    """Seconds for progress (epoch, loss) and for a condition's new message (what Kueue says of a queued
+    job): at most one write per this time for them."""
+    counts: float | None = None
+    """Seconds for worker counts (READY), messages and pending reasons that need no action
+    (QUIET_PENDING_REASONS, or none); None: they are written only with another change. They move with
+    every pod's step, and the phase they belong to says what a user acts on: a reason to act (such as
+    Unschedulable) is written at once, and Running and the end carry the counts."""
+
+
+WRITE_AT_ONCE = WriteWaits(start=0.0, details=0.0, counts=0.0)
+"""Every change written when it is planned (tests of what is written, not when)."""
+
+
+def _decisions(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What in a status records a decision or a finding, so is written at once: every field but those
+    `_start`, `_details` and COUNT_FIELDS name (an unknown field is a decision: safe to write at once)."""
+    phase = status.get("phase")
+    reason = status.get("pendingReason")
+    named = (*START_FIELDS, *COUNT_FIELDS, "progress", "phase", "conditions", "pendingReason")
+    rest = {k: v for k, v in normalised(status).items() if k not in named}
+    return (
+        None if phase in OBSERVED_PHASES else phase,
+        None if reason in QUIET_PENDING_REASONS else reason,
+        sorted(
+            (c.get("type"), c.get("status"), c.get("reason"))
+            for c in status.get("conditions") or ()
+            if c.get("type") not in START_CONDITIONS
+        ),
+        sorted(rest.items(), key=lambda item: item[0]),
+    )
+
+
+def _start(status: dict[str, Any]) -> tuple[Any, ...]:
+    """Where the group stands: its phase, the start conditions' truth, startTime, observedGeneration."""
+    return (
+        status.get("phase"),
+        sorted(
+            (c.get("type"), c.get("status"))
+            for c in status.get("conditions") or ()
+            if c.get("type") in START_CONDITIONS
+        ),
+        *(status.get(field) for field in START_FIELDS),
+    )
+
+
+def _details(status: dict[str, Any]) -> tuple[Any, ...]:
+    """Progress and the conditions' messages."""
+    messages = sorted((c.get("type"), c.get("message")) for c in status.get("conditions") or ())
+    return (status.get("progress"), messages)
+
+
+def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float | None:
+    """How long writing `planned` over `stored` may wait, in seconds; None: until another change is
+    written. 0 for a decision or a finding (a restart, a terminal phase, a suspension, an admission, a
+    refusal, an actionable pending reason, a failure record, elastic membership); `waits.start` for a new
+    job's first status that decides nothing (no terminal phase) and for the group's start (`_start`);
+    `waits.details` for progress and conditions' messages; `waits.counts` for the rest (COUNT_FIELDS).
+    Call it only for a status that changed."""
+    if not stored.get("phase"):
+        return 0.0 if planned.get("phase") in ("Succeeded", "Failed") else waits.start
+    if _decisions(stored) != _decisions(planned):
+        return 0.0
+    if _start(stored) != _start(planned):
+        return waits.start
+    if _details(stored) != _details(planned):
+        return waits.details
+    return waits.counts
 
 
 def normalised(status: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile, workeridentity
 from kubetrain_operator import controller as controller_module
+from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
 from kubetrain_operator.metrics import Metrics
+from kubetrain_trainer import contract
 from operator_fakes import NS, pod, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
@@ -229,7 +231,8 @@ def _deleting(obj: dict[str, Any]) -> bool:
     return bool(obj["metadata"].get("deletionTimestamp"))
 
 
-def _controller(fake: FakeKube, workers: int = 2) -> Controller:
+def _controller(fake: FakeKube, workers: int = 2, waits: st.WriteWaits = st.WRITE_AT_ONCE) -> Controller:
+    """A controller that writes every status change when it is planned, unless `waits` say otherwise."""
     return Controller(
         fake,  # type: ignore[arg-type]
         fake.cache,
@@ -237,7 +240,29 @@ def _controller(fake: FakeKube, workers: int = 2) -> Controller:
         metrics=Metrics.create(),
         clock=lambda: NOW,
         workers=workers,
+        status_waits=waits,
     )
+
+
+class Ticks:
+    """A monotonic clock that moves only when a test says so (the clock of held status writes)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+WAITS = st.WriteWaits(start=5.0, details=30.0)
+
+
+def _holding_controller(fake: FakeKube) -> tuple[Controller, Ticks]:
+    """A controller whose status writes wait as WAITS say, on a clock the test moves."""
+    ctl = _controller(fake, waits=WAITS)
+    ticks = Ticks()
+    ctl.monotonic = ticks
+    return ctl, ticks
 
 
 def _fake_with_job(spec: dict[str, Any] | None = None) -> FakeKube:
@@ -253,8 +278,7 @@ def test_a_new_job_gets_its_children_first_then_its_status() -> None:
     assert fake.calls[-1] == "patch status" and fake.calls.count("patch status") == 1
     assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
     assert fake.status()["phase"] == "Pending"
-    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
-    assert fake.events[0]["involvedObject"]["kind"] == "TrainingJob"
+    assert fake.events == []  # the Created condition says it
 
 
 def test_a_restart_decision_is_durable_before_the_old_workers_are_deleted() -> None:
@@ -339,7 +363,7 @@ def test_a_whole_lifecycle_with_one_restart_never_duplicates_a_child() -> None:
     assert status["completionTime"]
     assert len(fake.creations) == len(set(fake.creations)) == 5
     reasons = [e["reason"] for e in fake.events]
-    assert reasons == ["CreatedWorkers", "Running", "Restarting", "CreatedWorkers", "Running", "Succeeded"]
+    assert reasons == ["Restarting", "Succeeded"]  # starts are told by conditions, not events
     assert ctl.metrics.restarted.labels(namespace=NS)._value.get() == 1
     assert ctl.metrics.succeeded.labels(namespace=NS)._value.get() == 1
 
@@ -375,13 +399,11 @@ def test_after_delete_and_apply_the_new_trainingjob_waits_for_its_namesakes_chil
     ctl = _controller(fake)
     ctl.reconcile(NS, "demo")
     assert fake.creations == []
-    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
     assert fake.status()["pendingReason"] == "WaitingForOldWorkers"
     for key in [k for k in fake.objects if k[0] != constants.KIND]:  # the garbage collector
         fake._watch(fake.objects.pop(key), deleted=True)
     ctl.reconcile(NS, "demo")
     assert sorted(fake.creations) == [("Job", "demo-r0-w0"), ("Job", "demo-r0-w1"), ("Service", "demo")]
-    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
 
 
 def test_a_child_name_held_by_an_object_this_trainingjob_does_not_control_is_reported_not_claimed() -> None:
@@ -393,7 +415,7 @@ def test_a_child_name_held_by_an_object_this_trainingjob_does_not_control_is_rep
     assert ctl.trigger(NS, "demo") is None  # retried with backoff
     assert fake.status()["pendingReason"] == "FailedCreate"
     assert "Job demo-r0-w1 already exists" in fake.status()["pendingMessage"]
-    assert "CreatedWorkers" not in [e["reason"] for e in fake.events]
+    assert not any(c["type"] == "Created" for c in fake.status().get("conditions") or ())
 
 
 def test_a_ttl_deletion_planned_from_a_stale_read_never_deletes_a_namesake() -> None:
@@ -476,15 +498,12 @@ def test_children_of_a_deleted_trainingjob_are_not_created_again_from_a_cache_th
 
 
 def test_children_created_while_their_status_waits_are_not_created_again_for_a_deleted_trainingjob() -> None:
-    fake = FakeKube()
-    for name in ("first", "second"):
-        fake.put(trainingjob(name))
-    ctl = _controller(fake)
-    ctl.enqueue((NS, "second"), urgent=True)
-    ctl.reconcile(NS, "first")  # creates, leaves its status (Created) to a later pass
+    fake = _fake_with_job()
+    ctl, _ = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")  # creates, holds its status (Created)
     assert "patch status" not in fake.calls
-    _delete_behind_the_caches_back(fake, "first")
-    outcome = ctl.reconcile(NS, "first")
+    _delete_behind_the_caches_back(fake)
+    outcome = ctl.reconcile(NS, "demo")
     assert len(fake.creations) == 3
     assert outcome.gone
 
@@ -505,20 +524,21 @@ def test_a_creation_planned_from_a_trainingjob_changed_since_is_planned_again_fr
     assert fake.cache.trainingjob(NS, "demo")["spec"]["workers"] == 3  # type: ignore[index]
     assert (NS, "demo") in ctl._due
     ctl.reconcile(NS, "demo")
-    assert fake.creations[before:] == [("Job", "demo-r0-w1"), ("Job", "demo-r0-w2")]
+    assert sorted(fake.creations[before:]) == [("Job", "demo-r0-w1"), ("Job", "demo-r0-w2")]  # concurrent
 
 
 def test_a_forgotten_trainingjob_leaves_nothing_in_the_controllers_per_job_state() -> None:
     fake = FakeKube()
     for name in ("first", "second"):
         fake.put(trainingjob(name))
-    ctl = _controller(fake)
-    ctl.enqueue((NS, "second"), urgent=True)
-    ctl.trigger(NS, "first")  # a deferred status pass is scheduled: _unrecorded, _due, _keys
+    ctl, ticks = _holding_controller(fake)
     ctl.trigger(NS, "second")
+    ticks.now += WAITS.start
+    ctl.trigger(NS, "second")  # its status written: _active
+    ctl.trigger(NS, "first")  # its status held and its write scheduled: _held, _due, _keys
     ctl.forget(NS, "first")
     ctl.forget(NS, "second")
-    for structure in ("_keys", "_active", "_refused", "_unrecorded", "_due"):
+    for structure in ("_keys", "_active", "_refused", "_held", "_due"):
         assert not getattr(ctl, structure), structure
 
 
@@ -719,24 +739,107 @@ def test_worker_threads_reconcile_what_is_enqueued() -> None:
     assert len(fake.creations) == len(set(fake.creations)) == 9
 
 
-def test_while_new_jobs_wait_a_creation_pass_leaves_its_status_to_a_later_pass() -> None:
-    fake = FakeKube()
-    for name in ("first", "second"):
-        fake.put(trainingjob(name))
-    ctl = _controller(fake)
-    ctl.enqueue((NS, "second"), urgent=True)
-    ctl.reconcile(NS, "first")
+def test_a_job_whose_workers_run_within_its_start_wait_gets_one_status_write_for_its_start() -> None:
+    fake = _fake_with_job()
+    ctl, ticks = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")
     assert len(fake.creations) == 3 and "patch status" not in fake.calls
-    assert [e["reason"] for e in fake.events] == ["CreatedWorkers"]
-    assert (NS, "first") in ctl._due  # the status pass is scheduled
-    with ctl._lock:
-        ctl._next_key()  # "second" is taken
-    ctl.reconcile(NS, "first")
-    status = fake.status("first")
-    assert status["phase"] == "Pending" and status["startTime"]
-    assert next(c for c in status["conditions"] if c["type"] == "Created")["status"] == "True"
-    assert len(fake.creations) == 3
+    assert (NS, "demo") in ctl._due  # the held status is written by a later pass at the latest
+    ticks.now += 1
+    ctl.reconcile(NS, "demo")  # the Jobs' events
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    assert "patch status" not in fake.calls
+    ticks.now += WAITS.start - 1  # the first change's wait is over
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1
+    status = fake.status()
+    assert status["phase"] == "Running"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Created": "True", "Running": "True"}
+    created = next(c for c in status["conditions"] if c["type"] == "Created")
+    assert status["startTime"] == created["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # the Jobs'
+    assert fake.events == []
     assert ctl.metrics.created.labels(namespace=NS)._value.get() == 1
+
+
+def test_a_group_that_runs_for_less_than_its_start_wait_is_written_pending_then_succeeded() -> None:
+    fake = _fake_with_job()
+    ctl, ticks = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")
+    ticks.now += WAITS.start
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1 and fake.status()["phase"] == "Pending"
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    ticks.now += WAITS.start - 1
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1  # Running waits
+    fake.run_pods("Succeeded")
+    ctl.reconcile(NS, "demo")  # a decision: at once
+    assert fake.calls.count("patch status") == 2 and fake.status()["phase"] == "Succeeded"
+    assert [e["reason"] for e in fake.events] == ["Succeeded"]
+    assert (NS, "demo") not in ctl._held
+
+
+def test_worker_counts_wait_for_another_change_and_a_restart_carries_them_at_once() -> None:
+    fake = _fake_with_job(trainer_spec(workers=3))
+    ctl, ticks = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ticks.now += WAITS.start
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1 and fake.status()["phase"] == "Running"
+    finished = fake.objects[("Pod", NS, "demo-r0-w2-abcde")]
+    finished["status"] = pod(2, 0, phase="Succeeded")["status"]
+    fake._bump(finished)
+    ctl.reconcile(NS, "demo")
+    ticks.now += 3600
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1  # READY 2/3 is no news worth a write
+    failed = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]
+    failed["status"] = pod(0, 0, phase="Failed", exit_code=11)["status"]
+    fake._bump(failed)
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 2
+    status = fake.status()
+    assert status["phase"] == "Restarting" and status["restarts"] == 1
+    assert status["workers"]["succeeded"] == 1
+
+
+def test_progress_waits_its_details_wait() -> None:
+    fake = _fake_with_job()
+    ctl, ticks = _holding_controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ticks.now += WAITS.start
+    ctl.reconcile(NS, "demo")
+    rank0 = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]
+    rank0["metadata"].setdefault("annotations", {})[contract.PROGRESS_ANNOTATION] = (
+        '{"epoch": 1, "epochs": 2, "loss": 0.5}'
+    )
+    fake._bump(rank0)
+    ctl.reconcile(NS, "demo")
+    ticks.now += WAITS.details - 1
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 1
+    ticks.now += 1
+    ctl.reconcile(NS, "demo")
+    assert fake.calls.count("patch status") == 2 and fake.status()["progress"]["epoch"] == 1
+
+
+def test_a_queued_job_kueue_says_nothing_about_shows_suspended_after_its_start_wait() -> None:
+    fake = FakeKube()
+    body = trainingjob()
+    body["metadata"]["labels"] = {constants.KUEUE_QUEUE_LABEL: "team"}
+    fake.put(body)
+    ctl, ticks = _holding_controller(fake)
+    ctl.defaults = reconcile.Defaults(image="img:test", kueue=True)
+    ctl.reconcile(NS, "demo")
+    assert fake.calls == ["create Workload demo"]
+    ticks.now += WAITS.start
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Suspended"
+    assert [e["reason"] for e in fake.events] == ["Queued"]
 
 
 def test_an_informer_listing_again_finds_a_job_deleted_while_its_watch_was_broken() -> None:
@@ -976,6 +1079,8 @@ def _requests_for_a_whole_run(queued: bool) -> list[str]:
         defaults=reconcile.Defaults(image="img:test", kueue=True),
         metrics=Metrics.create(),
         clock=lambda: NOW,
+        status_waits=WAITS,
+        monotonic=lambda: 1000.0,  # the whole run within the job's start wait
     )
     fake.put(
         {"apiVersion": constants.KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": "f", "uid": "f"}}

@@ -101,6 +101,14 @@ def test_a_new_elastic_job_creates_the_rendezvous_store_and_every_wanted_worker(
     assert "waiting for minWorkers: 0 of 2 running" in p.status["message"]
 
 
+def test_a_pass_after_the_creating_one_records_created_dated_from_the_members_jobs() -> None:
+    p = plan(status={}, jobs=[job(0), job(1), job(2)])  # the creating pass wrote no status
+    created = st.get_condition(p.status, "Created")
+    assert created is not None and created["message"] == "created 3 worker Jobs: demo-r0-w0 .. demo-r0-w2"
+    assert created["lastTransitionTime"] == p.status["startTime"] == T0
+    assert p.create == [] and "created" in p.transitions
+
+
 def test_min_workers_running_is_running_with_the_world_size_and_a_membership_event() -> None:
     p = plan(
         status=dict(RUNNING, elastic=None, phase="Pending"), jobs=[job(0), job(1), job(2)], pods=running(0, 1)

@@ -18,7 +18,10 @@ STARTED = {
     "restartAttempt": 0,
     "restarts": 0,
     "phase": "Running",
-    "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"}],
+    "conditions": [
+        {"type": "Created", "status": "True", "reason": "WorkersCreated", "message": "m"},
+        {"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"},
+    ],
 }
 
 
@@ -47,7 +50,7 @@ def test_new_job_creates_service_and_every_worker_then_waits() -> None:
     assert p.status["workersReady"] == "0/2"
     assert _cond(p, "Created")["status"] == "True"
     assert "created" in p.transitions
-    assert any(e.reason == "CreatedWorkers" for e in p.events)
+    assert p.events == []  # the Created condition says it; no Event
 
 
 def test_replanning_after_creation_creates_nothing_twice() -> None:
@@ -55,6 +58,28 @@ def test_replanning_after_creation_creates_nothing_twice() -> None:
     again = _plan(status=first.status, jobs=[job(0), job(1)], pods=[pod(0), pod(1)])
     assert again.create == []
     assert again.status["startTime"] == first.status["startTime"]
+
+
+def test_a_pass_after_the_creating_one_dates_created_and_start_from_the_jobs() -> None:
+    jobs = [job(0), job(1)]
+    for j in jobs:
+        j["metadata"]["creationTimestamp"] = "2026-01-01T00:59:57Z"
+    p = _plan(status={}, jobs=jobs, pods=[pod(0), pod(1)])  # the creating pass wrote no status
+    created = _cond(p, "Created")
+    assert created["message"] == "created 2 worker Jobs: demo-r0-w0 .. demo-r0-w1"
+    assert created["lastTransitionTime"] == p.status["startTime"] == "2026-01-01T00:59:57Z"
+    assert "created" in p.transitions
+
+
+def test_a_job_that_ends_before_its_first_status_write_still_says_when_it_started() -> None:
+    jobs = [job(0), job(1)]
+    for j in jobs:
+        j["metadata"]["creationTimestamp"] = "2026-01-01T00:59:57Z"
+    p = _plan(status={}, jobs=jobs, pods=[pod(0, phase="Succeeded"), pod(1, phase="Succeeded")])
+    assert p.status["phase"] == "Succeeded"
+    assert p.status["startTime"] == "2026-01-01T00:59:57Z" <= p.status["completionTime"]
+    assert _cond(p, "Created")["status"] == "True"
+    assert p.transitions == ["created", "succeeded"]
 
 
 def test_operator_killed_mid_creation_creates_only_the_rest() -> None:
@@ -96,7 +121,7 @@ def test_pending_workers_say_why(
     assert p.status.get("pendingReason") == reason
     if in_message:
         assert in_message in p.status["pendingMessage"]
-        loud = reason not in reconcile.QUIET_PENDING_REASONS
+        loud = reason not in st.QUIET_PENDING_REASONS
         assert any(e.type == "Warning" and e.reason == reason for e in p.events) == loud
     assert p.create == []
 
@@ -112,7 +137,7 @@ def test_all_workers_running_is_running() -> None:
     assert p.status["workers"] == {"active": 2, "ready": 2, "pending": 0, "succeeded": 0, "failed": 0}
     assert p.status["workersReady"] == "2/2"
     assert p.status["pendingReason"] is None
-    assert [e.reason for e in p.events] == ["Running"]
+    assert p.events == []  # the Running condition says it; no Event
 
 
 def test_running_with_nothing_new_is_quiet() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 from kubetrain_operator import constants, informer, kube, reconcile
+from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache
 from kubetrain_operator.controller import Controller
 from testcluster.cluster import Cluster
@@ -71,7 +72,12 @@ def _running_job(client: RecordingKube, namespace: str, name: str) -> tuple[Cont
     manifest["metadata"]["namespace"] = namespace
     cache = ClusterCache()
     cache.observe(client.create(manifest))
-    controller = Controller(client, cache, defaults=reconcile.Defaults(image=manifest["spec"]["image"]))
+    controller = Controller(  # each reconcile writes what it planned: these tests are about what, not when
+        client,
+        cache,
+        defaults=reconcile.Defaults(image=manifest["spec"]["image"]),
+        status_waits=st.WRITE_AT_ONCE,
+    )
     controller.reconcile(namespace, name)
     wait_for(
         lambda: (
