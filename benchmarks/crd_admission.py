@@ -8,7 +8,8 @@ control plane, N creations (and N status patches) each, with the same 16-thread 
 Each variant is the CRD as `crdgen` generates it under its own API group (`<variant>.crdbench.kubetrain.io`),
 so all are served at once by one API server:
 
-- generated: as shipped;
+- generated: as `crdgen` generates it from this checkout's models;
+- baseline: the CRD file given with --baseline-crd (e.g. main's), for a before/after in one run;
 - no-cel: the same schema without any x-kubernetes-validations rule;
 - no-schema: no schema at all (x-kubernetes-preserve-unknown-fields at the root), the floor;
 - only-<group>: the schema with one group of rules and no other (RULE_GROUPS says which rule is in which
@@ -110,9 +111,10 @@ def rules(schema: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def variant_crd(variant: str) -> dict[str, Any]:
-    """The generated CRD under this variant's group, with only the rules the variant keeps."""
-    crd = crdgen.crd()
+def variant_crd(variant: str, baseline: Path | None = None) -> dict[str, Any]:
+    """The generated CRD (for `baseline`, the CRD file given) under this variant's group, with only the
+    rules the variant keeps."""
+    crd = crdgen.crd() if variant != "baseline" else yaml.safe_load(baseline.read_text())  # type: ignore[union-attr]
     group = f"{variant}.{BENCH_GROUP}"
     crd["metadata"] = {"name": f"{constants.PLURAL}.{group}"}
     crd["spec"]["group"] = group
@@ -126,7 +128,7 @@ def variant_crd(variant: str) -> dict[str, Any]:
         version["subresources"] = {"status": {}}  # the scale subresource's paths need a schema
         version.pop("additionalPrinterColumns", None)
         return crd
-    keep = None if variant == "generated" else variant.removeprefix("only-")
+    keep = None if variant in ("generated", "baseline") else variant.removeprefix("only-")
 
     def strip(path: str, node: dict[str, Any]) -> None:
         if "x-kubernetes-validations" not in node:
@@ -286,8 +288,8 @@ def run_one(
     return out
 
 
-def install(cluster: Cluster, variants: list[str]) -> None:
-    documents = [variant_crd(v) for v in variants if v != "jobset"]
+def install(cluster: Cluster, variants: list[str], baseline: Path | None) -> None:
+    documents = [variant_crd(v, baseline) for v in variants if v != "jobset"]
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=yaml.safe_dump_all(documents))
     names = [d["metadata"]["name"] for d in documents]
     if "jobset" in variants:
@@ -382,11 +384,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--workloads", default="bench,full")
+    parser.add_argument(
+        "--baseline-crd",
+        type=Path,
+        help="variant `baseline`: this CRD file (e.g. main's) beside the generated one",
+    )
     parser.add_argument("--machine-note", default="")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "crd-admission")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     workloads = args.workloads.split(",")
+    if "baseline" in variants and args.baseline_crd is None:
+        parser.error("variant baseline needs --baseline-crd")
     for workload in workloads:  # both bodies must be valid TrainingJobs, or the figures measure refusals
         api.TrainingJobSpec.model_validate(WORKLOADS[workload]())
     counts: dict[str, int] = {g: 0 for g in RULE_GROUPS}
@@ -401,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     cluster = start_cluster(nodes=0, directory=Path(tempfile.mkdtemp(prefix="kubetrain-crdbench-")))
     try:
-        install(cluster, variants)
+        install(cluster, variants, args.baseline_crd)
         client = operator_scale.Api(cluster.kubeconfig, maxsize=args.threads)
         server = ApiServer(cluster, client)
         # The API server builds a CRD's storage and compiles its rules on the first request to it: once per
