@@ -63,8 +63,10 @@ Rule = tuple[str, dict[str, Any]]
 
 
 def _group_of(path: str, rule: dict[str, Any]) -> str:
+    if "oldSelf" in rule["rule"]:
+        return "transition"
     if path == ".spec":
-        return "transition" if "oldSelf" in rule["rule"] else "spec"
+        return "spec"
     for prefix, group in (
         (".spec.image", "image"),
         (".spec.podAnnotations", "metadata-keys"),

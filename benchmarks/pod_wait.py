@@ -15,6 +15,8 @@ Variants (each makes N groups of W single-pod Jobs whose pod template is the one
 - direct-kubetrain-no-hostname: the same with the Service, the pods without hostname and subdomain;
 - direct-kubetrain-paced: direct-kubetrain's objects, one group every --pace seconds (the pace at which
   JobSet's manager and webhooks let pods exist on this machine) instead of all at once;
+- direct-kubetrain-kwok8, direct-kubetrain-kwok32: direct-kubetrain's objects, kwok writing pod statuses
+  with 8 or 32 workers (podPlayStageParallelism; tests/testcluster/kwok.yaml had 8, has 32);
 - operator: TrainingJobs, through `kubetrain operator` as shipped;
 - operator-no-status: the same operator, its status patches replaced by a read of the object (an
   experiment switch of this script only: the operator plans from the status it would have written);
@@ -45,6 +47,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -52,6 +56,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import operator_scale  # noqa: E402
 import peers  # noqa: E402
 from kubetrain_operator import api, builders, constants  # noqa: E402
+from testcluster import cluster as cluster_module  # noqa: E402
 from testcluster.cluster import Cluster  # noqa: E402
 from testcluster.operator_process import install_crd  # noqa: E402
 
@@ -62,6 +67,8 @@ VARIANTS = (
     "direct-kubetrain-no-service",
     "direct-kubetrain-no-hostname",
     "direct-kubetrain-paced",
+    "direct-kubetrain-kwok8",
+    "direct-kubetrain-kwok32",
     "operator",
     "operator-no-status",
     "operator-no-pod-watch",
@@ -85,6 +92,8 @@ AUDIT_POLICY = {
 }
 """peers.py's policy, plus the pod status writes (both stages): when kwok sent each and how long the API
 server took to answer it."""
+KWOK_WORKERS = {"direct-kubetrain-kwok8": 8, "direct-kubetrain-kwok32": 32}
+"""kwok's podPlayStageParallelism where a variant sets it; the others run with kwok.yaml's."""
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
@@ -107,7 +116,7 @@ def direct_objects(variant: str, n: int, workers: int, run_for: str) -> list[tup
         body = peers.trainingjob(name, workers, run_for)
         spec = api.TrainingJobSpec.model_validate(body["spec"])
         ctx = builders.Context(owner=builders.Owner(name, NAMESPACE, f"direct-{i}"), spec=spec)
-        if variant != "direct-kubetrain-no-service":  # paced: the same objects as direct-kubetrain
+        if variant != "direct-kubetrain-no-service":  # paced, kwok*: the same objects as direct-kubetrain
             service = builders.build_service(ctx)
             service["metadata"].pop("ownerReferences")
             out.append(("Service", service))
@@ -181,14 +190,20 @@ def component_cpu(cluster: Cluster) -> dict[str, float]:
     return out
 
 
-def cluster_for(workdir: Path) -> Cluster:
-    """peers.py's cluster, auditing pod status writes too."""
-    saved = peers.AUDIT_POLICY
+def cluster_for(workdir: Path, kwok_workers: int | None = None) -> Cluster:
+    """peers.py's cluster, auditing pod status writes too; `kwok_workers` overrides kwok's
+    podPlayStageParallelism."""
+    saved = peers.AUDIT_POLICY, cluster_module.KWOK_CONFIG
     peers.AUDIT_POLICY = AUDIT_POLICY
+    if kwok_workers is not None:
+        documents = list(yaml.safe_load_all(saved[1].read_text()))
+        documents[0]["options"]["podPlayStageParallelism"] = kwok_workers
+        cluster_module.KWOK_CONFIG = workdir / f"kwok-{kwok_workers}.yaml"
+        cluster_module.KWOK_CONFIG.write_text(yaml.safe_dump_all(documents))
     try:
         return peers.cluster_for(workdir)
     finally:
-        peers.AUDIT_POLICY = saved
+        peers.AUDIT_POLICY, cluster_module.KWOK_CONFIG = saved
 
 
 def status_writes(audit: Path, bound: dict[str, float]) -> dict[str, Any]:
@@ -221,7 +236,7 @@ def status_writes(audit: Path, bound: dict[str, float]) -> dict[str, Any]:
 
 def run_variant(variant: str, args: argparse.Namespace, workdir: Path, tag: str) -> dict[str, Any]:
     n, w = args.n, args.workers
-    cluster = cluster_for(workdir)
+    cluster = cluster_for(workdir, KWOK_WORKERS.get(variant))
     watch = controller = None
     try:
         cluster.add_nodes(args.nodes, prefix="bench")
