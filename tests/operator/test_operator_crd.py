@@ -118,20 +118,32 @@ def test_subresource_and_printer_columns() -> None:
 
 
 def test_shape_fields_are_immutable_and_policies_are_not() -> None:
-    """Each immutable field keeps its value (a rule on the field) and, when it may be absent, its presence
-    (a rule on spec); spec.workers changes only on an elastic job."""
+    """Each immutable field keeps its value (a rule on the field, or on each of its children) and, when it
+    may be absent, its presence (a rule on spec); spec.workers changes only on an elastic job."""
     spec = _schema()["properties"]["spec"]
     on_spec = {
         r["fieldPath"].lstrip("."): r["rule"]
         for r in spec["x-kubernetes-validations"]
         if "oldSelf" in r["rule"]
     }
-    on_field = {
+
+    def value_kept(field: dict[str, Any]) -> bool:
+        return any(r["rule"] == "self == oldSelf" for r in field.get("x-kubernetes-validations", ()))
+
+    on_field = {name for name, field in spec["properties"].items() if value_kept(field)}
+    by_child = {
         name
         for name, field in spec["properties"].items()
-        if any(r["rule"] == "self == oldSelf" for r in field.get("x-kubernetes-validations", ()))
+        if field.get("properties") and all(value_kept(child) for child in field["properties"].values())
     }
+    assert by_child == set(api.IMMUTABLE_BY_CHILD)
+    for name in by_child:  # a child that may be absent keeps its absence (or presence) too
+        trainer = spec["properties"][name]
+        presence = {r["rule"] for r in trainer.get("x-kubernetes-validations", ()) if "oldSelf" in r["rule"]}
+        optional = {c for c, child in trainer["properties"].items() if "default" not in child}
+        assert presence == {f"has(self.{c}) == has(oldSelf.{c})" for c in optional}, name
     assert on_spec["workers"] == "has(self.elastic) || self.workers == oldSelf.workers"
+    on_field |= by_child
     assert on_field | {"workers"} == set(api.IMMUTABLE_SPEC_FIELDS)
     for name in on_field:
         presence = (
