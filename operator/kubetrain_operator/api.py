@@ -111,7 +111,8 @@ IMMUTABLE_SPEC_FIELDS = (
     "managedBy",
     "elastic",
 )
-"""Spec fields that cannot change after creation (enforced by CEL transition rules on `spec`)."""
+"""Spec fields that cannot change after creation (CEL transition rules on each field and, for presence, on
+`spec`: see `_add_immutable_rules`)."""
 ELASTIC_MUTABLE_SPEC_FIELDS = ("workers",)
 """Immutable fields an elastic job may change (`kubectl scale`); their rules are in `_elastic_rules`."""
 
