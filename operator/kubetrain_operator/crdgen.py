@@ -168,11 +168,16 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[s
             raise SchemaError(f"{path}: enum without a single string type")
 
     extra = node.pop("additionalProperties", None)
+    immutable_message = node.pop(api.IMMUTABLE_CHILDREN, None)
+    if immutable_message is not None and "properties" not in node:
+        raise SchemaError(f"{path}: only an object with properties can be immutable child by child")
     if node.get("type") == "object":
         if "properties" in node:
             node["properties"] = {
                 k: _structural(v, defs, f"{path}.{k}") for k, v in node["properties"].items()
             }
+            if immutable_message is not None:
+                api.immutable_child_rules(node, immutable_message)
         elif isinstance(extra, dict) and extra:
             node["additionalProperties"] = _structural(extra, defs, f"{path}[*]")
         else:

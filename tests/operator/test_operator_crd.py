@@ -118,11 +118,40 @@ def test_subresource_and_printer_columns() -> None:
 
 
 def test_shape_fields_are_immutable_and_policies_are_not() -> None:
-    rules = _schema()["properties"]["spec"]["x-kubernetes-validations"]
-    immutable = {r["fieldPath"].lstrip(".") for r in rules if "oldSelf" in r["rule"]}
-    assert immutable == set(api.IMMUTABLE_SPEC_FIELDS)
+    """Each immutable field keeps its value (a rule on the field, or on each of its children) and, when it
+    may be absent, its presence (a rule on spec); spec.workers changes only on an elastic job."""
+    spec = _schema()["properties"]["spec"]
+    on_spec = {
+        r["fieldPath"].lstrip("."): r["rule"]
+        for r in spec["x-kubernetes-validations"]
+        if "oldSelf" in r["rule"]
+    }
+
+    def value_kept(field: dict[str, Any]) -> bool:
+        return any(r["rule"] == "self == oldSelf" for r in field.get("x-kubernetes-validations", ()))
+
+    on_field = {name for name, field in spec["properties"].items() if value_kept(field)}
+    by_child = {
+        name
+        for name, field in spec["properties"].items()
+        if field.get("properties") and all(value_kept(child) for child in field["properties"].values())
+    }
+    assert by_child == set(api.IMMUTABLE_BY_CHILD)
+    for name in by_child:  # a child that may be absent keeps its absence (or presence) too
+        trainer = spec["properties"][name]
+        presence = {r["rule"] for r in trainer.get("x-kubernetes-validations", ()) if "oldSelf" in r["rule"]}
+        optional = {c for c, child in trainer["properties"].items() if "default" not in child}
+        assert presence == {f"has(self.{c}) == has(oldSelf.{c})" for c in optional}, name
+    assert on_spec["workers"] == "has(self.elastic) || self.workers == oldSelf.workers"
+    on_field |= by_child
+    assert on_field | {"workers"} == set(api.IMMUTABLE_SPEC_FIELDS)
+    for name in on_field:
+        presence = (
+            None if "default" in spec["properties"][name] else f"has(self.{name}) == has(oldSelf.{name})"
+        )
+        assert on_spec.get(name) == presence, name
     for mutable in ("runPolicy", "failurePolicy", "nodeSelector", "tolerations", "env", "podLabels"):
-        assert mutable not in immutable
+        assert mutable not in on_field and mutable not in on_spec
 
 
 def test_lists_and_strings_compared_by_cel_are_bounded() -> None:
