@@ -1,4 +1,5 @@
-"""Model shapes: the fixed SimpleCNN takes 2304 features into fc1; every model maps 32x32 to logits."""
+"""Model shapes (the fixed SimpleCNN takes 2304 features into fc1; every model maps 32x32 to logits) and
+the whitened network's data-fitted first layer."""
 
 from __future__ import annotations
 
@@ -17,8 +18,45 @@ def test_simple_cnn_fc1_takes_2304_inputs_for_32px_images() -> None:
     assert torch.allclose(out.exp().sum(dim=1), torch.ones(2))  # log-probabilities, as the tutorial
 
 
-@pytest.mark.parametrize("name", ["simple_cnn", "resnet_small", "resnet18"])
+@pytest.mark.parametrize("name", ["simple_cnn", "resnet_small", "whitened_cnn", "resnet18"])
 def test_every_model_classifies_channels_last_32px_batches(name: str) -> None:
     model = models.build(name, num_classes=7, width=16).to(memory_format=torch.channels_last)
     images = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     assert model(images).shape == (2, 7)
+
+
+def _correlated_images(n: int = 512) -> torch.Tensor:
+    """Smooth images with correlated channels, as natural images are: neighbouring pixels look alike."""
+    gen = torch.Generator().manual_seed(0)
+    coarse = torch.randn(n, 1, 8, 8, generator=gen)
+    base = torch.nn.functional.interpolate(coarse, size=32, mode="bilinear")
+    return base.expand(n, 3, 32, 32) * torch.tensor([1.0, 0.8, 0.6]).view(1, 3, 1, 1) + 0.5 * torch.randn(
+        n, 3, 32, 32, generator=gen
+    )
+
+
+def test_patch_whitening_maps_training_patches_to_uncorrelated_unit_variance_features() -> None:
+    images = _correlated_images()
+    layer = models.PatchWhitening()
+    layer.fit(images)
+    with torch.no_grad():
+        features = layer(images)
+    positive = features[:, : layer.out_channels // 2].permute(0, 2, 3, 1).reshape(-1, layer.out_channels // 2)
+    covariance = torch.cov(positive.T.double())
+    assert torch.allclose(covariance, torch.eye(len(covariance), dtype=torch.float64), atol=0.02)
+    negative = features[:, layer.out_channels // 2 :]
+    assert torch.allclose(negative, -features[:, : layer.out_channels // 2])  # both signs survive a GELU
+
+
+def test_whitened_cnn_trains_everything_but_the_whitening_filters_and_batch_norm_scales() -> None:
+    model = models.WhitenedCNN(num_classes=10, width=8)
+    model.fit_whitening(_correlated_images(64))
+    fitted = model.whiten.conv.weight.clone()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    loss = torch.nn.functional.cross_entropy(model(_correlated_images(16)), torch.arange(16) % 10)
+    loss.backward()
+    optimizer.step()
+    assert torch.equal(model.whiten.conv.weight, fitted)
+    assert model.whiten.conv.bias.requires_grad
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(not m.weight.requires_grad and m.bias.requires_grad for m in norms)

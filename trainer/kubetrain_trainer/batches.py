@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     import torch
 
 CROP_PADDING = 4
+"""Default reflect padding of random crops, in pixels: crops shift the image by up to this much."""
 
 
 def pad_reflect(images: torch.Tensor, padding: int = CROP_PADDING, chunk: int = 4096) -> torch.Tensor:
     """Reflect-pad a uint8 NCHW tensor once (in chunks, to bound the float copy reflect padding needs).
 
-    Padding the whole dataset up front turns every later random crop into a single gather.
+    Padding the whole dataset up front turns every later random crop into a single gather. The result is
+    channels_last (each pixel's channels adjacent), so a crop gathers whole pixels.
     """
     import torch
     from torch.nn import functional
@@ -37,31 +39,32 @@ def pad_reflect(images: torch.Tensor, padding: int = CROP_PADDING, chunk: int = 
         functional.pad(images[i : i + chunk].float(), (padding,) * 4, mode="reflect").to(torch.uint8)
         for i in range(0, len(images), chunk)
     ]
-    return torch.cat(parts)
+    return torch.cat(parts).contiguous(memory_format=torch.channels_last)
 
 
-def crop_flip(padded: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
-    """Random `size` x `size` window and random horizontal flip of every image of a padded uint8 batch.
+def crop(
+    padded: torch.Tensor, index: torch.Tensor, size: int, flip: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """A random `size` x `size` window of each image `index` of a channels_last padded uint8 set, mirrored
+    horizontally where `flip` is true.
 
-    One advanced-indexing gather picks each image's shifted (and possibly mirrored) window, so the cost
-    does not grow with the number of distinct offsets; the result comes back channels_last, the layout
-    the convolutions want anyway.
+    One `index_select` of whole pixels (rows of C bytes) from the flattened set picks every image's window,
+    so neither the number of distinct offsets nor copying the padded images first costs anything; the
+    result comes back channels_last, the layout the convolutions want anyway.
     """
     import torch
 
-    n, _, padded_h, padded_w = padded.shape
+    _, channels, padded_h, padded_w = padded.shape
     device = padded.device
+    n = len(index)
     dy = torch.randint(0, padded_h - size + 1, (n,), generator=generator, device=device)
     dx = torch.randint(0, padded_w - size + 1, (n,), generator=generator, device=device)
-    flip = torch.rand(n, generator=generator, device=device) < 0.5
-    cols = torch.arange(size, device=device)
-    cols = torch.where(flip[:, None], size - 1 - cols, cols)
-    rows = dy[:, None] + torch.arange(size, device=device)
-    cols = dx[:, None] + cols
-    batch = torch.arange(n, device=device)
-    # Advanced indices split by a slice put the indexed dims first: the result is N, H, W, C.
-    picked = padded[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]]
-    return picked.permute(0, 3, 1, 2)
+    steps = torch.arange(size, device=device)
+    cols = dx[:, None] + torch.where(flip[:, None], size - 1 - steps, steps)
+    rows = (index * padded_h + dy)[:, None] + steps
+    pixels = (rows[:, :, None] * padded_w + cols[:, None, :]).view(-1)
+    flat = padded.permute(0, 2, 3, 1).reshape(-1, channels)  # a view: padded is channels_last
+    return flat.index_select(0, pixels).view(n, size, size, channels).permute(0, 3, 1, 2)
 
 
 def batch_seed(seed: int, epoch: int, step: int, rank: int) -> int:
@@ -85,7 +88,11 @@ class BatchLoader:
         augment: bool,
         device: torch.device,
         channels_last: bool = True,
+        crop_padding: int = CROP_PADDING,
+        flip: str = "random",
     ) -> None:
+        import torch
+
         global_batch = batch_size * world_size
         if len(data) < global_batch:
             raise ConfigError(
@@ -94,7 +101,13 @@ class BatchLoader:
             )
         self.data = LabeledImages(data.images.to(device), data.labels.to(device), data.classes)
         self.image_size = int(data.images.shape[-1])
-        self.padded = pad_reflect(self.data.images) if augment else None
+        self.padded = pad_reflect(self.data.images, crop_padding) if augment else None
+        self.flip = flip
+        # Alternating flip: image i is mirrored in every other epoch, starting from a seeded coin toss, so
+        # consecutive epochs always show both orientations (random flips repeat one about half the time).
+        self.first_flip = torch.randint(
+            0, 2, (len(data),), generator=torch.Generator().manual_seed(seed), dtype=torch.bool
+        ).to(device)
         self.preprocessing = preprocessing
         self.batch_size = batch_size
         self.rank = rank
@@ -127,10 +140,18 @@ class BatchLoader:
             if self.padded is not None:
                 aug_gen = torch.Generator(device=self.device)
                 aug_gen.manual_seed(batch_seed(self.seed, self.epoch, step, self.rank))
-                images = crop_flip(self.padded[index], self.image_size, aug_gen)
+                images = crop(self.padded, index, self.image_size, self._flips(index, aug_gen), aug_gen)
             else:
                 images = self.data.images[index]
             yield self._finish(images), self.data.labels[index]
+
+    def _flips(self, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Which images of the batch `index` to mirror this epoch (see `flip`)."""
+        import torch
+
+        if self.flip == "alternating":
+            return self.first_flip[index] ^ bool(self.epoch % 2)
+        return torch.rand(len(index), generator=generator, device=self.device) < 0.5
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         import torch

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubetrain_trainer import atomic, preprocessing
+from kubetrain_trainer import atomic, decoding, preprocessing
 from kubetrain_trainer.config import DataConfig
 from kubetrain_trainer.failures import DataError
 from kubetrain_trainer.memory import DataBudget
@@ -122,19 +122,11 @@ def _fingerprint(samples: list[tuple[Path, int]], image_size: int) -> str:
 
 
 def _decode_all(samples: list[tuple[Path, int]], image_size: int) -> torch.Tensor:
-    """Decode every file into one uint8 tensor; a file that does not decode is a DataError naming it.
-
-    Serial on purpose: measured here, a thread pool decoded small JPEGs 1.6x slower than one loop.
-    """
+    """Decode every file (in parallel processes) into one uint8 NCHW tensor; a failure is a DataError."""
     import torch
 
-    images = torch.empty((len(samples), 3, image_size, image_size), dtype=torch.uint8)
-    for index, (path, _) in enumerate(samples):
-        try:
-            images[index] = preprocessing.decode_file(path, image_size)
-        except Exception as error:
-            raise DataError(f"cannot decode image {path}: {error}") from error
-    return images
+    decoded = decoding.decode_files([path for path, _ in samples], image_size)
+    return torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
 
 
 def _load_cache(path: Path) -> LabeledImages | None:

@@ -24,15 +24,34 @@ def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[obje
     return contextlib.nullcontext()
 
 
-def log_probabilities(model: nn.Module, images: torch.Tensor, flip_tta: bool) -> torch.Tensor:
-    """Log-softmax over classes, averaged in probability space with the mirrored image when `flip_tta`."""
+def test_time_views(
+    images: torch.Tensor, flip_tta: bool, translate_tta: bool
+) -> list[tuple[float, torch.Tensor]]:
+    """(weight, batch) pairs whose weighted predictions make the test-time-augmented prediction.
+
+    Translation adds the batch shifted one pixel up-left and one pixel down-right (reflect padding), at
+    half the weight of the unshifted batch in total; flipping adds each view's mirror image at equal weight.
+    """
+    views = [(1.0, images)]
+    if translate_tta:
+        size_h, size_w = images.shape[-2:]
+        padded = functional.pad(images, (1, 1, 1, 1), mode="reflect")
+        views = [(0.5, images), (0.25, padded[..., :size_h, :size_w]), (0.25, padded[..., 2:, 2:])]
+    if flip_tta:
+        views = [(weight / 2, view) for weight, batch in views for view in (batch, batch.flip(3))]
+    return views
+
+
+def log_probabilities(
+    model: nn.Module, images: torch.Tensor, flip_tta: bool, translate_tta: bool = False
+) -> torch.Tensor:
+    """Log-softmax over classes, averaged in probability space over the `test_time_views` when asked."""
+    views = test_time_views(images, flip_tta, translate_tta)
     with autocast_for(images.device):
-        logits = model(images).float()
-        if not flip_tta:
-            return functional.log_softmax(logits, dim=1)
-        mirrored = model(images.flip(3)).float()
-    probs = 0.5 * (functional.softmax(logits, dim=1) + functional.softmax(mirrored, dim=1))
-    return probs.clamp_min(1e-12).log()
+        if len(views) == 1:
+            return functional.log_softmax(model(images).float(), dim=1)
+        probs = sum(weight * functional.softmax(model(view).float(), dim=1) for weight, view in views)
+    return probs.clamp_min(1e-12).log()  # type: ignore[union-attr]
 
 
 @dataclass
@@ -60,6 +79,7 @@ def evaluate(
     device: torch.device,
     batch_size: int,
     flip_tta: bool = False,
+    translate_tta: bool = False,
 ) -> EvalResult:
     """Loss, confusion matrix and top-1 predictions of `model` on `data` (in eval mode, restored after)."""
     was_training = model.training
@@ -69,7 +89,7 @@ def evaluate(
     loss_sum, count = 0.0, 0
     predictions, scores = [], []
     for images, labels in batches.eval_batches(data, preprocessing, batch_size, device):
-        log_probs = log_probabilities(model, images, flip_tta)
+        log_probs = log_probabilities(model, images, flip_tta, translate_tta)
         loss_sum += float(functional.nll_loss(log_probs, labels, reduction="sum"))
         count += len(labels)
         top_score, top = log_probs.exp().max(dim=1)

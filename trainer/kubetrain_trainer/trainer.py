@@ -34,6 +34,7 @@ from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.failures import ConfigError
+from kubetrain_trainer.lookahead import Lookahead
 from kubetrain_trainer.meter import ThroughputMeter
 from kubetrain_trainer.metrics import ClassReport
 from kubetrain_trainer.preprocessing import Preprocessing, fit_preprocessing
@@ -42,6 +43,7 @@ from kubetrain_trainer.progress import PodAnnotator, ProgressReporter, progress_
 log = logging.getLogger(__name__)
 
 _EVAL_BATCH = 1024
+_WHITENING_IMAGES = 5000
 
 
 def select_device(config: TrainerConfig, world: WorldEnv) -> torch.device:
@@ -173,14 +175,19 @@ class Trainer:
             seed=config.seed,
             augment=config.augment,
             device=self.device,
+            crop_padding=config.crop_padding,
+            flip=config.flip,
         )
         # Each rank validates a strided shard with rank 0's buffers (the saved model); confusion matrices
         # and loss sums are added across ranks.
         self.val_shard = self.val_data.subset(torch.arange(world.rank, len(self.val_data), world.world_size))
 
         self.model = models.build(config.model, len(self.classes), config.width)
+        if isinstance(self.model, models.WhitenedCNN):  # a resumed run restores the fitted filters
+            self.model.fit_whitening(self._whitening_sample())
         self.model.to(self.device).to(memory_format=torch.channels_last)
         self.optimizer = optim.build_optimizer(self.model, config.optimizer)
+        self.lookahead = Lookahead(self.model) if config.optimizer.lookahead else None
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.job_dir / "checkpoints", config.keep_checkpoints)
         self.resumed_from = self._resume()
@@ -196,8 +203,18 @@ class Trainer:
             ProgressReporter(self.job_dir, PodAnnotator.from_environment()) if world.is_main else None
         )
 
+    def _whitening_sample(self) -> torch.Tensor:
+        """Evenly spaced normalised training images (at most 5,000: the 12x12 patch covariance of that
+        many is already stable), the same on every rank."""
+        images = self.train_data.images
+        chosen = images[:: max(1, len(images) // _WHITENING_IMAGES)][:_WHITENING_IMAGES]
+        return self.preprocessing.normalize(chosen)
+
     def _components(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "state": self.state}
+        components = {"model": self.model, "optimizer": self.optimizer, "state": self.state}
+        if self.lookahead is not None:
+            components["lookahead"] = self.lookahead
+        return components
 
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must share with this run to be resumed (see `checkpoints.resume_mismatch`)."""
@@ -381,6 +398,7 @@ class Trainer:
                     "val_accuracy": round(report.accuracy, 6),
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "images_per_second": round(steps * meter.global_batch / train_seconds, 1),
+                    "train_seconds": round(train_seconds, 3),
                     "seconds": round(time.perf_counter() - started, 3),
                 }
             )
@@ -446,6 +464,8 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             self.state.step += 1
+            if self.lookahead is not None:
+                self.lookahead.after_step(self.state.step, total_steps)
             self.state.epoch_step += 1
             loss_sum += loss.detach() * len(labels)
             correct += (outputs.detach().argmax(dim=1) == labels).sum()
@@ -486,6 +506,7 @@ class Trainer:
             device=self.device,
             batch_size=_EVAL_BATCH,
             flip_tta=self.config.eval_flip_tta,
+            translate_tta=self.config.eval_translate_tta,
         )
         packed = torch.cat(
             [
