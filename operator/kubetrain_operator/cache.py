@@ -51,7 +51,8 @@ CLUSTER_KINDS = ("ResourceFlavor",)
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 POD_SPEC_KEPT = ("nodeName", "schedulerName")
 WORKLOAD_SPEC_KEPT = ("active", "queueName")
-"""A Workload's pod sets are the operator's own building: only what Kueue or a user may change is kept."""
+"""A Workload's pod sets are the operator's own building: only what Kueue or a user may change is kept,
+and of the pod sets their names and counts (an elastic job's Workload follows spec.workers while queued)."""
 
 
 def owner_name(body: Mapping[str, Any]) -> str | None:
@@ -80,6 +81,10 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
         out["spec"] = {key: spec[key] for key in POD_SPEC_KEPT if key in spec}
     elif kind == "Workload":
         out["spec"] = {key: spec[key] for key in WORKLOAD_SPEC_KEPT if key in spec}
+        if "podSets" in spec:
+            out["spec"]["podSets"] = [
+                {"name": pod_set.get("name"), "count": pod_set.get("count", 1)} for pod_set in spec["podSets"]
+            ]
     elif kind not in ("Job", "Service"):
         out["spec"] = spec
     if "status" in body:

@@ -40,6 +40,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Ready workers / workers.",
     },
     {
+        "name": "World-Size",
+        "type": "integer",
+        "jsonPath": ".status.elastic.worldSize",
+        "description": "An elastic job's current world size: the processes of its running workers.",
+    },
+    {
         "name": "Restarts",
         "type": "integer",
         "jsonPath": ".status.restarts",

@@ -7,6 +7,9 @@ container rendered by the operator's builders (torchrun with the c10d rendezvous
 a retryable code is replaced alone, as a new attempt, while the others re-rendezvous; a non-retryable
 code or a spent budget fails the run. Editing spec.workers in the manifest while it runs is the local
 `kubectl scale`: workers are added or removed (highest index first) without touching the others.
+A store process that dies is what a lost store pod is on a cluster (`membership.decide_rendezvous_loss`):
+a fresh store cannot rebuild the rendezvous, so every worker is stopped and the group starts again, a new
+store and every worker at a new attempt, resuming from the checkpoints; it counts as one restart.
 """
 
 from __future__ import annotations
@@ -98,17 +101,22 @@ def manifest_workers(path: Path, spec: api.TrainingJobSpec) -> Callable[[], int]
 class ElasticRun:
     """The store process and the worker processes of one local elastic run."""
 
-    def __init__(self, job: api.TrainingJob, directories: Mapping[str, Path], out: TextIO, port: int) -> None:
+    def __init__(self, job: api.TrainingJob, directories: Mapping[str, Path], out: TextIO) -> None:
         self.job = job
         self.directories = directories
         self.out = out
-        self.port = port
         self.members: dict[int, Member] = {}
         self._lock = threading.Lock()
         self._records = tempfile.TemporaryDirectory(prefix="kubetrain-termination-")
         # The venv running us comes first on PATH, so `kubetrain` and `torchrun` resolve to its copies.
         self._path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        self.store = subprocess.Popen(
+        self.port = 0
+        self.store = self._start_store()
+
+    def _start_store(self) -> subprocess.Popen[bytes]:
+        """A store process on a fresh port: a restarted group never meets the old store's connections."""
+        self.port = localrun.free_port()
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -116,7 +124,7 @@ class ElasticRun:
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(port),
+                str(self.port),
             ],
             env={**os.environ, "PATH": self._path},
             stdout=subprocess.DEVNULL,
@@ -124,6 +132,11 @@ class ElasticRun:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    def restart_group(self) -> None:
+        """Stop every worker and what is left of the store, then start a new store (the rendezvous lost)."""
+        self._stop_group()
+        self.store = self._start_store()
 
     def say(self, text: str) -> None:
         with self._lock:
@@ -209,13 +222,16 @@ class ElasticRun:
         member.stream.join(timeout=5)
 
     def stop_all(self) -> None:
+        self._stop_group()
+        self._records.cleanup()
+
+    def _stop_group(self) -> None:
         for member in list(self.members.values()):
             self.stop(member)
         self.members.clear()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.store.pid, signal.SIGKILL)
         self.store.wait()
-        self._records.cleanup()
 
 
 def run_local_elastic(
@@ -237,7 +253,7 @@ def run_local_elastic(
     assert spec.elastic is not None
     for directory in directories.values():
         directory.mkdir(parents=True, exist_ok=True)
-    run = ElasticRun(job, directories, out, localrun.free_port())
+    run = ElasticRun(job, directories, out)
     counter = restarts = 0
     attempts: dict[int, int] = {}
     """Each waiting worker's attempt: a replacement's is fixed when its predecessor fails."""
@@ -250,10 +266,21 @@ def run_local_elastic(
     try:
         if not run.wait_for_store():
             return result("Failed", "RendezvousLost", "the rendezvous store process did not start")
-        run.say(f"rendezvous store on 127.0.0.1:{run.port}")
+        run.say(f"rendezvous store on 127.0.0.1:{run.port} (pid {run.store.pid})")
         while True:
-            if run.store.poll() is not None:
-                return result("Failed", "RendezvousLost", "the rendezvous store process exited")
+            if run.store.poll() is not None and not finished:
+                why = f"the rendezvous store process exited with code {run.store.returncode}"
+                decision = membership.decide_rendezvous_loss(spec, why, restarts)
+                if decision.action == "fail":
+                    return result("Failed", decision.reason, decision.message)
+                restarts += 1
+                counter += 1
+                attempts.clear()
+                run.say(decision.message)
+                run.restart_group()
+                if not run.wait_for_store():
+                    return result("Failed", "RendezvousLost", "the restarted rendezvous store did not start")
+                run.say(f"rendezvous store on 127.0.0.1:{run.port} (pid {run.store.pid})")
             for member in [m for m in run.members.values() if m.process.poll() is not None]:
                 del run.members[member.index]
                 member.signal(signal.SIGKILL)  # the container ended: nothing of it lives on

@@ -108,6 +108,23 @@ def decide_failure(spec: api.TrainingJobSpec, worker: Worker, restarts: int) -> 
     )
 
 
+def decide_rendezvous_loss(spec: api.TrainingJobSpec, why: str, restarts: int) -> failure.Decision:
+    """What losing the rendezvous store means, given `restarts` spent so far: "restart" the whole group (a
+    fresh store cannot rebuild the lost rendezvous, so every worker starts again from the checkpoints), as
+    restart `restarts + 1`, or "fail" when the budget is spent. Shared by the operator and `kubetrain run
+    --local`."""
+    limit = spec.run_policy.max_restarts
+    if restarts >= limit:
+        return failure.Decision(
+            "fail",
+            "RestartLimitExceeded",
+            f"{why}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+        )
+    return failure.Decision(
+        "restart", "RendezvousLost", f"{why}; restarting the whole group (restart {restarts + 1} of {limit})"
+    )
+
+
 def plan(
     obs: reconcile.Observed,
     spec: api.TrainingJobSpec,
@@ -124,7 +141,6 @@ def plan(
     assert spec.elastic is not None
     counter = int(status["restartAttempt"])
     restarts = int(status["restarts"])
-    limit = spec.run_policy.max_restarts
     attempts = worker_attempts(status, spec.workers)
     members = read_members(attempts, obs.jobs, obs.pods)
     store = _read_store(obs.jobs, obs.pods)
@@ -132,19 +148,15 @@ def plan(
     present = [m for m in members if m.phase != "missing"]
     finished = any(m.phase == "succeeded" for m in members)
 
-    def restart_group(reason: str, message: str) -> reconcile.Plan:
-        if restarts >= limit:
-            return fail(
-                "RestartLimitExceeded",
-                f"{message}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-                None,
-            )
+    def restart_group(why: str) -> reconcile.Plan:
+        decision = decide_rendezvous_loss(spec, why, restarts)
+        if decision.action == "fail":
+            return fail(decision.reason, decision.message, None)
         status["restartAttempt"] = counter + 1
         status["restarts"] = restarts + 1
         status["elastic"] = None
-        text = f"{message}; restarting the whole group (restart {restarts + 1} of {limit})"
-        st.enter_phase(status, "Restarting", reason, text, now)
-        out.events.append(reconcile.Event("Warning", "Restarting", text))
+        st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
+        out.events.append(reconcile.Event("Warning", "Restarting", decision.message))
         out.transitions.append("restarted")
         out.delete += [
             reconcile.Deletion("Job", j["metadata"]["name"], "Foreground", j["metadata"].get("uid"))
@@ -160,7 +172,7 @@ def plan(
         why = "the rendezvous store's Job is missing"
         if store is not None:
             why = f"the rendezvous store ended: {store.reason or store.phase}"
-        return restart_group("RendezvousLost", why)
+        return restart_group(why)
     if store is None or store.deleting:
         # A new group (first start, after a restart or a resume): the old Jobs go first, the store's
         # fixed name and any old rank 0 writing checkpoints with them.

@@ -12,6 +12,10 @@ does for a JobSet:
   spec.workers and the worker pod template (resources, node selector, tolerations, affinity), queued in
   the LocalQueue named by the kueue.x-k8s.io/queue-name label, with the priority of the
   kueue.x-k8s.io/priority-class label (a WorkloadPriorityClass) or of spec.priorityClassName;
+- an elastic job (spec.elastic) is admitted at its current size: while the Workload holds no quota its
+  pod set follows spec.workers (`kubectl scale` on a queued job), and once admitted the group runs at
+  most the admitted count (Kueue forbids changing an admitted Workload's pod sets): a scale-down frees
+  workers at once, a scale-up beyond the admission waits until the job is admitted again;
 - the TrainingJob stays suspended (no workers) until the Workload is Admitted; its workers then get the
   assigned flavors' nodeLabels as node selector and their tolerations (podset.FromAssignment), and the
   kueue.x-k8s.io/podset label;
@@ -67,16 +71,29 @@ def priority_class_ref(labels: Mapping[str, str] | None, spec: api.TrainingJobSp
     return None
 
 
-def build_workload(ctx: builders.Context, queue: str, labels: Mapping[str, str] | None) -> dict[str, Any]:
-    """The TrainingJob's Workload: every worker in one pod set, so Kueue admits the group or nothing.
-
-    The pod template is worker 0's without its environment (ranks and the trainer config tell Kueue
-    nothing and would make the Workload large): Kueue reads resources and scheduling constraints from it.
-    spec.priority is left to the shell, which resolves priorityClassRef to its value (an API read).
-    """
+def pod_sets(ctx: builders.Context) -> list[dict[str, Any]]:
+    """The Workload's pod sets: `workers`, spec.workers of them. The pod template is worker 0's without its
+    environment (ranks and the trainer config tell Kueue nothing and would make the Workload large):
+    Kueue reads resources and scheduling constraints from it."""
     template = builders.build_pod_template(ctx, 0)
     for container in template["spec"]["containers"]:
         container.pop("env", None)
+    return [{"name": POD_SET, "count": ctx.spec.workers, "template": template}]
+
+
+def pod_set_count(workload: Mapping[str, Any]) -> int | None:
+    """How many workers the Workload asks Kueue for (None: no `workers` pod set)."""
+    for pod_set in (workload.get("spec") or {}).get("podSets") or ():
+        if pod_set.get("name") == POD_SET:
+            return int(pod_set.get("count", 1))
+    return None
+
+
+def build_workload(ctx: builders.Context, queue: str, labels: Mapping[str, str] | None) -> dict[str, Any]:
+    """The TrainingJob's Workload: every worker in one pod set, so Kueue admits the group or nothing.
+
+    spec.priority is left to the shell, which resolves priorityClassRef to its value (an API read).
+    """
     workload_labels = {
         **builders.selector_labels(ctx.owner.name),
         constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
@@ -86,7 +103,7 @@ def build_workload(ctx: builders.Context, queue: str, labels: Mapping[str, str] 
     spec: dict[str, Any] = {
         "queueName": queue,
         "active": not ctx.spec.run_policy.suspend,
-        "podSets": [{"name": POD_SET, "count": ctx.spec.workers, "template": template}],
+        "podSets": pod_sets(ctx),
     }
     ref = priority_class_ref(labels, ctx.spec)
     if ref is not None:
@@ -119,6 +136,8 @@ class Admission:
     cluster_queue: str | None
     flavors: tuple[str, ...]
     """The ResourceFlavors assigned to the workers' pod set, in admission order, without repeats."""
+    workers: int | None
+    """How many workers the admission holds quota for (the assignment's count, else the pod set's)."""
     waiting: str
     """Why it is not admitted, in Kueue's words where Kueue gave any."""
 
@@ -141,8 +160,10 @@ def read_admission(workload: Mapping[str, Any]) -> Admission:
     status = workload.get("status") or {}
     admission = status.get("admission") or {}
     flavors: list[str] = []
+    workers = None
     for assignment in admission.get("podSetAssignments") or ():
         if assignment.get("name") == POD_SET:
+            workers = assignment.get("count", pod_set_count(workload))
             for flavor in (assignment.get("flavors") or {}).values():
                 if flavor not in flavors:
                     flavors.append(flavor)
@@ -167,6 +188,7 @@ def read_admission(workload: Mapping[str, Any]) -> Admission:
         finished=_true(workload, "Finished"),
         cluster_queue=admission.get("clusterQueue"),
         flavors=tuple(flavors),
+        workers=workers,
         waiting=waiting,
     )
 

@@ -408,9 +408,26 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         placement=queue.placement,
     )
     if spec.elastic is not None:
-        return membership.plan(
-            obs, spec, out, now, ctx=ctx, fail=fail, stale_grace_seconds=defaults.stale_grace_seconds
+        admitted = _within_admission(spec, queue)
+        out = membership.plan(
+            obs,
+            admitted,
+            out,
+            now,
+            ctx=dataclasses.replace(ctx, spec=admitted),
+            fail=fail,
+            stale_grace_seconds=defaults.stale_grace_seconds,
         )
+        if admitted.workers < spec.workers and status.get("phase") not in api.TERMINAL_PHASES:
+            held = (
+                f"spec.workers is {spec.workers} but Kueue admitted {admitted.workers} workers: the group "
+                f"runs {admitted.workers} (an admitted Workload cannot grow); suspend and resume the job "
+                f"(runPolicy.suspend) to queue it again at {spec.workers}"
+            )
+            if held not in (obs.status.get("message") or ""):
+                out.events.append(Event("Warning", "WorkersAboveAdmission", held))
+            status["message"] = f"{status.get('message') or ''}; {held}".lstrip("; ")
+        return out
 
     # 5. Old attempt's Jobs: delete them, and wait for them to go before starting the next group.
     waiting = []
@@ -538,6 +555,8 @@ class _Queued:
     """What the admission adds to the worker pods."""
     admitted_by: str | None = None
     """The ClusterQueue that admitted it."""
+    admitted_workers: int | None = None
+    """How many workers the admission holds quota for: the most an elastic group may run."""
 
 
 def _queueing(
@@ -566,17 +585,17 @@ def _queueing(
             )
         )
     name = queueing.workload_name(obs.name)
+    ctx = builders.Context(
+        owner=builders.Owner(obs.name, obs.namespace, obs.uid),
+        spec=spec,
+        default_image=defaults.image,
+        default_service_account=defaults.service_account,
+    )
     if obs.workload is None:
         if ("Workload", name) in set(obs.taken):
             return _Queued(
                 hold=("Queued", f"waiting for Workload {name} of an earlier TrainingJob to be deleted")
             )
-        ctx = builders.Context(
-            owner=builders.Owner(obs.name, obs.namespace, obs.uid),
-            spec=spec,
-            default_image=defaults.image,
-            default_service_account=defaults.service_account,
-        )
         out.create.append(queueing.build_workload(ctx, queue, obs.labels))
         return _Queued(
             hold=("Queued", f"queued in LocalQueue {queue} as Workload {name}: waiting for Kueue to admit it")
@@ -584,6 +603,10 @@ def _queueing(
     if queueing.is_active(obs.workload) == spec.run_policy.suspend:
         out.workload_spec = {"active": not spec.run_policy.suspend}
     verdict = queueing.read_admission(obs.workload)
+    if not verdict.reserved and queueing.pod_set_count(obs.workload) not in (None, spec.workers):
+        # An elastic job scaled while it holds no quota: Kueue is to admit the size asked for now (Kueue
+        # allows changing pod sets only then).
+        out.workload_spec = {**(out.workload_spec or {}), "podSets": queueing.pod_sets(ctx)}
     if verdict.evicted is not None:
         evicted, why = verdict.evicted
         if verdict.reserved and not obs.jobs:
@@ -601,7 +624,15 @@ def _queueing(
     if isinstance(placement, str):
         out.requeue_after = WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
         return _Queued(hold=("Queued", placement))
-    return _Queued(placement=placement, admitted_by=verdict.cluster_queue)
+    return _Queued(placement=placement, admitted_by=verdict.cluster_queue, admitted_workers=verdict.workers)
+
+
+def _within_admission(spec: api.TrainingJobSpec, queue: _Queued) -> api.TrainingJobSpec:
+    """An elastic job runs at most the workers Kueue admitted: spec.workers above that (a scale-up after
+    admission; an admitted Workload's pod sets cannot change) waits for the next admission."""
+    if queue.admitted_workers is None or spec.workers <= queue.admitted_workers:
+        return spec
+    return spec.model_copy(update={"workers": queue.admitted_workers})
 
 
 def _created_message(job_names: Sequence[str]) -> str:

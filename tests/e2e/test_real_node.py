@@ -11,109 +11,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from testcluster import quickstart
+from testcluster import quickstart, workload
 from testcluster.cluster import Cluster
-from testcluster.node import Node, real_node_cluster
+from testcluster.node import Node
 from testcluster.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
 RELEASE_NAMESPACE = quickstart.RELEASE_NAMESPACE
-WORKLOAD_NAMESPACE = "training"
+WORKLOAD_NAMESPACE = workload.NAMESPACE
 TRAINER_UID = quickstart.TRAINER_UID
-
-
-@pytest.fixture(scope="module")
-def real_cluster() -> Iterator[tuple[Cluster, Node]]:
-    with real_node_cluster() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def volumes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The CIFAR sample (read-only data) and an output directory the workers' uid may write."""
-    root = tmp_path_factory.mktemp("volumes")
-    return {"data": quickstart.extract_sample(root / "data"), "output": root / "output"}
-
-
-@pytest.fixture(scope="module")
-def installed(real_cluster: tuple[Cluster, Node], volumes: dict[str, Path]) -> Cluster:
-    """The chart installed as a user would (its default images), watching a `restricted` namespace that
-    holds the data and output volumes."""
-    cluster, _ = real_cluster
-    quickstart.prepare_namespace(cluster, WORKLOAD_NAMESPACE, volumes["data"], volumes["output"])
-    quickstart.helm_install(cluster, [WORKLOAD_NAMESPACE], logFormat="json")
-    return cluster
-
-
-def _trainingjob(name: str, *, epochs: int) -> dict[str, Any]:
-    """Two CPU workers on the CIFAR sample, the chart's default trainer image (no spec.image)."""
-    return {
-        "apiVersion": "kubetrain.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
-        "spec": {
-            "workers": 2,
-            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}},
-            "trainer": {
-                "model": "simple_cnn",
-                "epochs": epochs,
-                "batch_size": 64,
-                "device": "cpu",
-                "cpu_threads": 1,
-                "data": {"dataset": "cifar10", "root": "/data/cifar10-sample", "validation_fraction": 0.1},
-                "output_dir": "/output",
-                "checkpoint_every_epochs": 1,
-            },
-            "storage": [
-                {
-                    "name": "data",
-                    "mountPath": "/data",
-                    "persistentVolumeClaim": {"claimName": "cifar10-data", "readOnly": True},
-                },
-                {
-                    "name": "output",
-                    "mountPath": "/output",
-                    "persistentVolumeClaim": {"claimName": "kubetrain-output"},
-                },
-            ],
-            "runPolicy": {"maxRestarts": 2},
-        },
-    }
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    job = json.loads(cluster.kubectl("-n", WORKLOAD_NAMESPACE, "get", "tj", name, "-o", "json"))
-    return job.get("status") or {}
-
-
-def _story(cluster: Cluster, name: str) -> str:
-    return cluster.kubectl("-n", WORKLOAD_NAMESPACE, "describe", "tj", name, check=False) + cluster.kubectl(
-        "-n", WORKLOAD_NAMESPACE, "get", "pods,jobs,events", check=False
-    )
-
-
-def _printed_columns(cluster: Cluster, name: str) -> dict[str, str]:
-    """`kubectl get tj NAME` as a user reads it: column name -> value."""
-    header, row = cluster.kubectl("-n", WORKLOAD_NAMESPACE, "get", "tj", name).splitlines()[:2]
-    starts = [header.index(column) for column in header.split()]
-    cells = [row[start:end].strip() for start, end in zip(starts, [*starts[1:], None], strict=True)]
-    return dict(zip(header.split(), cells, strict=True))
-
-
-def _wait_phase(cluster: Cluster, name: str, phase: str, timeout: float) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        status = _status(cluster, name)
-        if status.get("phase") == "Failed" and phase != "Failed":
-            raise AssertionError(f"{name} failed:\n{_story(cluster, name)}")
-        return status if status.get("phase") == phase else None
-
-    return wait_for(reached, f"{name} {phase}", timeout, interval=2, explain=lambda: _story(cluster, name))
 
 
 def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(installed: Cluster) -> None:
@@ -149,10 +59,10 @@ def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
     installed: Cluster, volumes: dict[str, Path]
 ) -> None:
     cluster = installed
-    cluster.apply(_trainingjob("dns-ddp", epochs=3))
+    cluster.apply(workload.trainingjob("dns-ddp", epochs=3))
 
     def progress_shown() -> dict[str, str] | None:
-        columns = _printed_columns(cluster, "dns-ddp")
+        columns = workload.printed_columns(cluster, "dns-ddp")
         return columns if columns.get("EPOCH") and columns.get("TRAIN-LOSS") else None
 
     columns = wait_for(
@@ -160,10 +70,10 @@ def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
         "EPOCH and TRAIN-LOSS in kubectl get tj",
         600,
         interval=1,
-        explain=lambda: _story(cluster, "dns-ddp"),
+        explain=lambda: workload.story(cluster, "dns-ddp"),
     )
     assert columns["PHASE"] in {"Running", "Succeeded"}, columns
-    status = _wait_phase(cluster, "dns-ddp", "Succeeded", 600)
+    status = workload.wait_phase(cluster, "dns-ddp", "Succeeded", 600)
     assert status["restarts"] == 0, status
 
     pod = json.loads(
@@ -187,14 +97,14 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
     real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
     cluster, node = real_cluster
-    cluster.apply(_trainingjob("kill-ddp", epochs=6))
+    cluster.apply(workload.trainingjob("kill-ddp", epochs=6))
     checkpoints = volumes["output"] / "kill-ddp" / "checkpoints"
 
     def mid_training() -> bool:
         return (
             checkpoints.is_dir()
             and any(checkpoints.iterdir())
-            and _status(cluster, "kill-ddp").get("phase") == "Running"
+            and workload.status(cluster, "kill-ddp").get("phase") == "Running"
         )
 
     wait_for(
@@ -202,13 +112,14 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
         "a checkpoint while kill-ddp runs",
         600,
         interval=1,
-        explain=lambda: _story(cluster, "kill-ddp"),
+        explain=lambda: workload.story(cluster, "kill-ddp"),
     )
     os.kill(
-        node.container_pid(WORKLOAD_NAMESPACE, _pod_of(cluster, "kill-ddp-r0-w1"), "worker"), signal.SIGKILL
+        node.container_pid(WORKLOAD_NAMESPACE, workload.pod_of(cluster, "kill-ddp-r0-w1"), "worker"),
+        signal.SIGKILL,
     )
 
-    status = _wait_phase(cluster, "kill-ddp", "Succeeded", 900)
+    status = workload.wait_phase(cluster, "kill-ddp", "Succeeded", 900)
     assert status["restarts"] == 1, status
     jobs = cluster.kubectl(
         "-n", WORKLOAD_NAMESPACE, "get", "jobs", "-l", "kubetrain.io/job-name=kill-ddp", "-o", "name"
@@ -220,16 +131,3 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=kill-ddp"
     )
     assert "Restarting" in events, events
-
-
-def _pod_of(cluster: Cluster, job: str) -> str:
-    return cluster.kubectl(
-        "-n",
-        WORKLOAD_NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        f"job-name={job}",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    )

@@ -172,3 +172,48 @@ def test_the_example_queue_setup_and_trainingjob_are_accepted_by_kueue(jobs: Job
     for path in (examples / "kueue" / "queues.yaml", examples / "suspend-resume-queue.yaml"):
         result = jobs.cluster.run_kubectl("apply", "--dry-run=server", "-f", str(path))
         assert result.returncode == 0, f"{path}: {result.stderr}"
+
+
+def test_an_elastic_job_is_admitted_at_the_size_it_was_scaled_to_in_the_queue_and_never_grows_past_it(
+    jobs: Jobs,
+) -> None:
+    jobs.apply(_queued("blocker", run_for="600s"))
+    jobs.wait_phase("blocker", "Running")
+    elastic = _queued("stretchy", workers=2)
+    elastic["spec"]["elastic"] = {"minWorkers": 2, "maxWorkers": 4}
+    elastic["spec"]["podAnnotations"] = {"sim.kubetrain.io/hold": "true"}
+    jobs.apply(elastic)
+    jobs.wait(lambda: jobs.workload_if_any("stretchy"), "the Workload of stretchy")
+
+    # Scaled while queued: the Workload asks for the new size, and Kueue admits that.
+    jobs.cluster.kubectl("-n", jobs.namespace, "scale", "tj/stretchy", "--replicas=3")
+    jobs.wait(
+        lambda: jobs.workload("stretchy")["spec"]["podSets"][0]["count"] == 3,
+        "the queued Workload to ask for 3 workers",
+    )
+    jobs.cluster.kubectl("-n", jobs.namespace, "delete", "tj", "blocker")
+    jobs.wait_phase("stretchy", "Running", timeout=120)
+    [assignment] = jobs.workload("stretchy")["status"]["admission"]["podSetAssignments"]
+    assert assignment["count"] == 3
+
+    def workers() -> set[str]:
+        return {
+            j["metadata"]["name"]
+            for j in jobs.worker_jobs("stretchy")
+            if not j["metadata"].get("deletionTimestamp") and not j["metadata"]["name"].endswith("-rdzv")
+        }
+
+    jobs.wait(lambda: len(workers()) == 3, "3 workers")
+    # Admitted: the Workload's pod sets are fixed, so a 4th worker would run outside the quota.
+    jobs.cluster.kubectl("-n", jobs.namespace, "scale", "tj/stretchy", "--replicas=4")
+    held = jobs.wait(
+        lambda: "Kueue admitted 3 workers" in (s := jobs.status("stretchy")).get("message", "") and s,
+        "stretchy to say it runs the 3 admitted workers",
+    )
+    assert held["phase"] == "Running" and len(workers()) == 3, held
+    reasons = [
+        e["reason"] for e in jobs.get("events", "--field-selector", "involvedObject.name=stretchy")["items"]
+    ]
+    assert "WorkersAboveAdmission" in reasons, reasons
+    jobs.cluster.kubectl("-n", jobs.namespace, "scale", "tj/stretchy", "--replicas=2")
+    jobs.wait(lambda: workers() == {"stretchy-r0-w0", "stretchy-r0-w1"}, "worker 2 removed by the scale-down")

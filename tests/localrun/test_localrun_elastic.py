@@ -5,6 +5,7 @@ replaced; spec.workers scales a running job."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import tarfile
@@ -214,3 +215,31 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
     fixed_accuracy = metrics(tmp_path, "fixed")["accuracy"]
     assert elastic_accuracy > 0.15, "better than chance (0.1): the elastic run learned"
     assert abs(elastic_accuracy - fixed_accuracy) <= ACCURACY_TOLERANCE, (elastic_accuracy, fixed_accuracy)
+
+
+def test_a_killed_rendezvous_store_restarts_the_whole_group_once_and_it_resumes_from_the_checkpoint(
+    images: Path, tmp_path: Path
+) -> None:
+    job = api.TrainingJob.model_validate(manifest("storeless", 2))
+    directories = localrun.mount_directories(job.spec, {"data": images}, tmp_path)
+    log = Log()
+    started: list[localelastic.Member] = []
+    run = run_in_background(
+        lambda: localelastic.run_local_elastic(job, directories, log, on_start=started.append)
+    )
+    result = next(run)
+    at = log.wait_for(r"epoch 2/3 step 2/")  # epoch 1 is checkpointed
+    store = re.search(r"rendezvous store on 127\.0\.0\.1:\d+ \(pid (\d+)\)", log.text())
+    assert store is not None, log.text()[-4000:]
+    os.kill(int(store.group(1)), signal.SIGKILL)
+    at = log.wait_for(
+        r"the rendezvous store process exited with code -9; restarting the whole group \(restart 1 of 2\)", at
+    )
+    at = log.wait_for(r"rendezvous store on 127\.0\.0\.1:\d+ \(pid \d+\)", at)
+    log.wait_for(r"resumed from checkpoint \S+ in restart attempt 1: epoch [12] of 3", at)
+    outcome = result()
+    assert (outcome.phase, outcome.restarts) == ("Succeeded", 1), log.text()[-4000:]
+    assert sorted((m.index, m.attempt) for m in started) == [(0, 0), (0, 1), (1, 0), (1, 1)], (
+        "every worker was started again, once, at the new attempt"
+    )
+    assert len(metrics(tmp_path, "storeless")["epochs"]) == 3

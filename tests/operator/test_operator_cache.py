@@ -255,13 +255,17 @@ def test_a_workload_is_filed_under_its_trainingjob_with_only_what_the_planner_re
                 {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": "demo"}
             ],
         },
-        "spec": {"queueName": "team", "active": True, "podSets": [{"name": "workers", "count": 4}]},
+        "spec": {
+            "queueName": "team",
+            "active": True,
+            "podSets": [{"name": "workers", "count": 4, "template": {"spec": {"containers": []}}}],
+        },
         "status": {"conditions": []},
     }
     cache = ClusterCache()
     assert cache.observe(workload) == (NS, "demo")
     [kept] = cache.children(NS, "demo", "Workload")
-    assert kept["spec"] == {"queueName": "team", "active": True}
+    assert kept["spec"] == {"queueName": "team", "active": True, "podSets": [{"name": "workers", "count": 4}]}
     assert kept["status"] == {"conditions": []}
 
 

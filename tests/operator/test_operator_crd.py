@@ -107,6 +107,7 @@ def test_subresource_and_printer_columns() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase"
     assert columns["Ready"] == ".status.workersReady"
+    assert columns["World-Size"] == ".status.elastic.worldSize"
     assert columns["Restarts"] == ".status.restarts"
     assert columns["Epoch"] == ".status.progress.epoch"
     assert columns["Train-Loss"] == ".status.progress.loss"

@@ -295,3 +295,45 @@ def test_kueues_admission_reading_lists_each_flavor_once() -> None:
     }
     verdict = queueing.read_admission(workload)
     assert verdict.admitted and verdict.flavors == ("pool-a", "gpu")
+
+
+ELASTIC = {"minWorkers": 2, "maxWorkers": 4}
+
+
+def _elastic_queued(workers: int, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = trainer_spec(workers=workers, resources={"requests": {"cpu": "1"}}, elastic=ELASTIC)
+    return _queued_job(spec, status)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "patched"),
+    [((), True), (ADMITTED, False)],
+    ids=["queued-follows-spec-workers", "admitted-pod-sets-are-immutable"],
+)
+def test_a_scaled_elastic_job_is_queued_at_its_new_size_until_quota_is_reserved(
+    conditions: tuple[tuple[str, str, str, str], ...], patched: bool
+) -> None:
+    queued = _plan(_elastic_queued(2))
+    workload = _workload(*conditions, podSets=queued.create[0]["spec"]["podSets"])
+    plan = _plan(_elastic_queued(3), workload)
+    pod_sets = (plan.workload_spec or {}).get("podSets")
+    if patched:
+        assert pod_sets is not None and [(p["name"], p["count"]) for p in pod_sets] == [("workers", 3)]
+    else:
+        assert pod_sets is None
+
+
+def test_an_admitted_elastic_job_runs_at_most_the_admitted_workers_and_says_why() -> None:
+    admitted = _workload(*ADMITTED, admitted_flavor="pool-a")
+    admitted["status"]["admission"]["podSetAssignments"][0]["count"] = 2
+    running = {"phase": "Running", "restartAttempt": 0, "restarts": 0}
+    plan = _plan(_elastic_queued(3, running), admitted)
+    created = sorted(m["metadata"]["name"] for m in plan.create if m["kind"] == "Job")
+    assert created == ["demo-r0-w0", "demo-r0-w1", "demo-rdzv"], "no third worker beyond the admission"
+    assert "spec.workers is 3 but Kueue admitted 2 workers" in plan.status["message"]
+    assert [e.reason for e in plan.events].count("WorkersAboveAdmission") == 1
+    again = _plan(_elastic_queued(3, plan.status), admitted)
+    assert "WorkersAboveAdmission" not in [e.reason for e in again.events], "said once, not every reconcile"
+
+    scaled_down = _plan(_elastic_queued(2, running), admitted)
+    assert "Kueue admitted" not in (scaled_down.status.get("message") or "")
