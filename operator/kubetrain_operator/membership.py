@@ -93,14 +93,7 @@ def decide_failure(spec: api.TrainingJobSpec, worker: Worker, restarts: int) -> 
             "fail", "NonRetryableExitCode", f"{what}: the exit code is non-retryable (failurePolicy)", worker
         )
     limit = spec.run_policy.max_restarts
-    if restarts >= limit:
-        return failure.Decision(
-            "fail",
-            "RestartLimitExceeded",
-            f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-            worker,
-        )
-    return failure.Decision(
+    return _budget_spent(what, restarts, limit, worker) or failure.Decision(
         "restart",
         "WorkerReplaced",
         f"{what}; replacing worker {worker.index} alone (restart {restarts + 1} of {limit})",
@@ -114,14 +107,22 @@ def decide_rendezvous_loss(spec: api.TrainingJobSpec, why: str, restarts: int) -
     restart `restarts + 1`, or "fail" when the budget is spent. Shared by the operator and `kubetrain run
     --local`."""
     limit = spec.run_policy.max_restarts
-    if restarts >= limit:
-        return failure.Decision(
-            "fail",
-            "RestartLimitExceeded",
-            f"{why}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-        )
-    return failure.Decision(
+    return _budget_spent(why, restarts, limit) or failure.Decision(
         "restart", "RendezvousLost", f"{why}; restarting the whole group (restart {restarts + 1} of {limit})"
+    )
+
+
+def _budget_spent(
+    what: str, restarts: int, limit: int, worker: failure.Worker | None = None
+) -> failure.Decision | None:
+    """The failing decision once `restarts` has reached maxRestarts; None while the budget lasts."""
+    if restarts < limit:
+        return None
+    return failure.Decision(
+        "fail",
+        "RestartLimitExceeded",
+        f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+        worker,
     )
 
 

@@ -78,25 +78,31 @@ def _patch(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any], *
     )  # fmt: skip
 
 
+def _trainingjob(name: str) -> dict[str, Any]:
+    """The three shapes the tests change: every field with a shape set, the defaults, an elastic job."""
+    shapes: dict[str, dict[str, Any]] = {
+        "shaped": EVERY_SHAPE_FIELD,
+        "plain": {},
+        "elastic": {"workers": 2, "elastic": {"minWorkers": 1, "maxWorkers": 4}},
+    }
+    manifest = trainingjob(name, **shapes[name])
+    manifest["spec"] = {k: v for k, v in manifest["spec"].items() if v is not None}
+    return manifest
+
+
+def _apply(cluster: Cluster, namespace: str, *names: str) -> None:
+    items = [_trainingjob(name) for name in names]
+    cluster.kubectl(
+        "-n", namespace, "apply", "-f", "-",
+        input_text=json.dumps({"kind": "List", "apiVersion": "v1", "items": items}),
+    )  # fmt: skip
+
+
 def test_every_immutable_field_refuses_a_change_an_addition_and_a_removal_naming_itself(
     cluster: Cluster, namespace: str
 ) -> None:
     install_crd(cluster)
-    manifests = [
-        trainingjob("shaped", **EVERY_SHAPE_FIELD),
-        trainingjob("plain"),
-        trainingjob("elastic", workers=2, elastic={"minWorkers": 1, "maxWorkers": 4}),
-    ]
-    for manifest in manifests:
-        manifest["spec"] = {k: v for k, v in manifest["spec"].items() if v is not None}
-    cluster.kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input_text=json.dumps({"kind": "List", "apiVersion": "v1", "items": manifests}),
-    )
+    _apply(cluster, namespace, "shaped", "plain", "elastic")
     wrong = []
     for name, field, patch in REFUSED:
         result = _patch(cluster, namespace, name, {"spec": patch})
@@ -111,17 +117,7 @@ def test_what_may_change_still_changes_and_status_writes_pass_the_rules(
     cluster: Cluster, namespace: str
 ) -> None:
     install_crd(cluster)
-    shaped = trainingjob("shaped", **EVERY_SHAPE_FIELD)
-    shaped["spec"] = {k: v for k, v in shaped["spec"].items() if v is not None}
-    elastic = trainingjob("elastic", workers=2, elastic={"minWorkers": 1, "maxWorkers": 4})
-    cluster.kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input_text=json.dumps({"kind": "List", "apiVersion": "v1", "items": [shaped, elastic]}),
-    )
+    _apply(cluster, namespace, "shaped", "elastic")
     allowed = [
         ("shaped", {"spec": {"podLabels": {"team": "vision"}, "runPolicy": {"maxRestarts": 5}}}),
         ("shaped", {"spec": {"env": [{"name": "A", "value": "1"}], "nodeSelector": {"pool": "gpu"}}}),
