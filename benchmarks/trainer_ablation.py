@@ -1,0 +1,133 @@
+"""What each piece of the fast CPU recipe buys (issue 13): the recipe of examples/cifar10-fast.yaml trained
+for a fixed number of epochs, then again with one piece at a time turned back to the plain choice.
+
+Every run has the same data (real CIFAR-10 JPEGs, the last 500 images of every class held out, as in
+trainer_speed.py), epochs, width and seed; decoded images are cached before the first run, so the times
+are training only and every run pays the same. The recipe runs first and last: the difference between its
+two runs is the machine's noise (time) and the figure to read the others against.
+
+    python benchmarks/trainer_ablation.py --epochs 2 --width 16
+
+Results go to benchmarks/results/trainer-recipe-ablation.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from kubetrain_trainer import datasets
+from kubetrain_trainer.config_loading import deep_merge
+from kubetrain_trainer.distributed import WorldEnv
+from kubetrain_trainer.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_speed import RESULTS, machine_info, prepare_data, recipe_config
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "recipe": ("the recipe as in examples/cifar10-fast.yaml", {}),
+    "resnet_small": ("model resnet_small instead of whitened_cnn", {"model": "resnet_small"}),
+    "no_lookahead": ("no lookahead averaging of the weights", {"optimizer": {"lookahead": False}}),
+    "random_flip": ("flips drawn at random instead of alternating", {"flip": "random"}),
+    "padding_4": ("crops shifted up to 4 pixels instead of 2", {"crop_padding": 4}),
+    "no_augment": ("no crops or flips", {"augment": False}),
+    "no_label_smoothing": ("label smoothing 0 instead of 0.2", {"optimizer": {"label_smoothing": 0.0}}),
+    "batch_512": ("batch 512 at lr 0.4 instead of 256 at 0.3", {"batch_size": 512, "optimizer": {"lr": 0.4}}),
+    "no_translate_tta": ("validation without the shifted views", {"eval_translate_tta": False}),
+    "no_tta": (
+        "validation without any test-time views",
+        {"eval_translate_tta": False, "eval_flip_tta": False},
+    ),
+}
+
+
+def run_variant(root: Path, out: Path, label: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Train one variant from scratch; its accuracy after each epoch and its training seconds."""
+    config = recipe_config(root, out, deep_merge(overrides, {"data": {"cache_decoded": True}}))
+    shutil.rmtree(out / label, ignore_errors=True)  # a previous run's checkpoints would make this one resume
+    started = time.perf_counter()
+    history = Trainer(config, WorldEnv(), label).train().history
+    return {
+        "val_accuracy": round(history[-1]["val_accuracy"], 4),
+        "train_seconds": round(sum(epoch["train_seconds"] for epoch in history), 1),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "curve": [round(epoch["val_accuracy"], 4) for epoch in history],
+    }
+
+
+def write_results(results: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "trainer-recipe-ablation.json").write_text(json.dumps(results, indent=2) + "\n")
+    runs = results["runs"]
+    recipe = [run["val_accuracy"] for run in runs if run["variant"] == "recipe"]
+    reference = sum(recipe) / len(recipe)
+    machine = results["machine"]
+    lines = [
+        "# trainer-recipe-ablation",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, load average "
+        f"at start {'/'.join(f'{v:.1f}' for v in machine['load_average_at_start'])}, at end "
+        f"{'/'.join(f'{v:.1f}' for v in machine['load_average_at_end'])} (other work shared the cores)  ",
+        f"Each run: {results['epochs']} epochs at width {results['width']}, seed and data identical, decoded "
+        "images cached (training time only). The recipe ran first and last; deltas are against the mean of "
+        f"its runs ({reference:.4f}).",
+        "",
+        "| run | what changed | val acc | delta | train s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        lines.append(
+            f"| {run['variant']} | {run['description']} | {run['val_accuracy']:.4f} | "
+            f"{run['val_accuracy'] - reference:+.4f} | {run['train_seconds']} |"
+        )
+    (RESULTS / "trainer-recipe-ablation.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--source", type=Path, default=Path("../shared/datasets/cifar10-train.tar.gz"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kubetrain-bench"))
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset, in order")
+    args = parser.parse_args()
+    chosen = [name for name in args.variants.split(",") if name]
+    unknown = set(chosen) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(VARIANTS)}")
+    order = ["recipe", *(name for name in chosen if name != "recipe"), "recipe"]
+    torch.set_num_threads(2)
+    root = prepare_data(args.source.resolve(), args.work, None)
+    datasets.load_image_folder(root, 32, cache=True)  # decode once, outside every timed run
+    results: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "machine": machine_info(),
+        "epochs": args.epochs,
+        "width": args.width,
+        "runs": [],
+    }
+    out = args.work / "ablation-output"
+    for number, name in enumerate(order):
+        description, overrides = VARIANTS[name]
+        run = run_variant(
+            root, out, f"{name}-{number}", {"epochs": args.epochs, "width": args.width, **overrides}
+        )
+        results["runs"].append({"variant": name, "description": description, **run})
+        print(f"{name}: {run}", flush=True)
+        results["machine"]["load_average_at_end"] = os.getloadavg()
+        write_results(results)  # a stopped run keeps what it measured
+    print((RESULTS / "trainer-recipe-ablation.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
