@@ -239,15 +239,28 @@ def _details(status: dict[str, Any]) -> tuple[Any, ...]:
     return (status.get("progress"), messages)
 
 
+def _plain_first_status(planned: dict[str, Any]) -> bool:
+    """Whether a job's first status only says where its group stands (Pending, Running, or Suspended while
+    queued) and decides nothing: no end, and no restart or suspension already recorded (a worker can fail,
+    or a user suspend, before the first status is written; the children of the old attempt are deleted in
+    that pass, so a status that waited would leave the next pass planning that attempt again)."""
+    return (
+        planned.get("phase") in (*OBSERVED_PHASES, "Suspended")
+        and not planned.get("restartAttempt")
+        and not planned.get("restarts")
+        and not planned.get("lastFailure")
+    )
+
+
 def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float | None:
     """How long writing `planned` over `stored` may wait, in seconds; None: until another change is
     written. 0 for a decision or a finding (a restart, a terminal phase, a suspension, an admission, a
     refusal, an actionable pending reason, a failure record, elastic membership); `waits.start` for a new
-    job's first status that decides nothing (no terminal phase) and for the group's start (`_start`);
+    job's first status that decides nothing (`_plain_first_status`) and for the group's start (`_start`);
     `waits.details` for progress and conditions' messages; `waits.counts` for the rest (COUNT_FIELDS).
     Call it only for a status that changed."""
     if not stored.get("phase"):
-        return 0.0 if planned.get("phase") in ("Succeeded", "Failed") else waits.start
+        return waits.start if _plain_first_status(planned) else 0.0
     if _decisions(stored) != _decisions(planned):
         return 0.0
     if _start(stored) != _start(planned):
