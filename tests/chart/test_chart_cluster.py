@@ -38,7 +38,7 @@ from chartkit import (
 )
 from kubetrain_operator import builders
 from kubetrain_trainer import contract, progress
-from testcluster import processes
+from testcluster import processes, workload
 from testcluster.cluster import Cluster
 from testcluster.waiting import wait_for
 
@@ -712,10 +712,7 @@ def test_a_plain_install_shows_live_progress_of_a_job_in_any_namespace(
         wait_for(lambda: annotator.patch(record), "the worker's progress patch to be allowed")
 
         def columns() -> dict[str, str] | None:
-            header, row = cluster.kubectl(
-                "get", "trainingjob", "progress", "-n", other_namespace
-            ).splitlines()
-            shown = dict(zip(header.split(), row.split(), strict=False))
+            shown = workload.printed_columns(cluster, "progress", other_namespace)
             return shown if shown.get("EPOCH") == "3" else None
 
         shown = wait_for(columns, "kubectl get to show the epoch")

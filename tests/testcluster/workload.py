@@ -63,9 +63,10 @@ def story(cluster: Cluster, name: str) -> str:
     )
 
 
-def printed_columns(cluster: Cluster, name: str) -> dict[str, str]:
-    """`kubectl get tj NAME` as a user reads it: column name -> value."""
-    header, row = cluster.kubectl("-n", NAMESPACE, "get", "tj", name).splitlines()[:2]
+def printed_columns(cluster: Cluster, name: str, namespace: str = NAMESPACE) -> dict[str, str]:
+    """`kubectl get tj NAME` as a user reads it: column name -> value, read by the header's positions (an
+    empty cell, such as WORLD-SIZE of a job that is not elastic, leaves no gap in a whitespace split)."""
+    header, row = cluster.kubectl("-n", namespace, "get", "tj", name).splitlines()[:2]
     starts = [header.index(column) for column in header.split()]
     cells = [row[start:end].strip() for start, end in zip(starts, [*starts[1:], None], strict=True)]
     return dict(zip(header.split(), cells, strict=True))
