@@ -142,7 +142,11 @@ def operator_pods(cluster: Cluster, namespace: str, release: str) -> list[dict[s
 
 def single_running_operator_pod(cluster: Cluster, namespace: str, release: str) -> list[dict[str, Any]]:
     """The operator pods not being deleted, when there is exactly one and it runs; else an empty list."""
-    live = [pod for pod in operator_pods(cluster, namespace, release) if "deletionTimestamp" not in pod["metadata"]]
+    live = [
+        pod
+        for pod in operator_pods(cluster, namespace, release)
+        if "deletionTimestamp" not in pod["metadata"]
+    ]
     return live if len(live) == 1 and live[0]["status"].get("phase") == "Running" else []
 
 
@@ -200,7 +204,9 @@ def test_install_in_a_restricted_namespace_registers_the_crd_and_the_operator_po
         explain=lambda: json.dumps([pod_summary(pod) for pod in operator_pods(cluster, namespace, release)]),
     )
     assert pods[0]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
-    replica_sets = get_json(cluster, "replicasets", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}")
+    replica_sets = get_json(
+        cluster, "replicasets", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
+    )
     assert len(replica_sets["items"]) == 1, "installing rolled the Deployment more than once"
     failed = get_json(cluster, "events", "-n", namespace, "--field-selector", "reason=FailedCreate")["items"]
     assert not failed, [event["message"] for event in failed]
