@@ -16,7 +16,8 @@ import pytest
 import torch
 from kubetrain_trainer import models
 from kubetrain_trainer.exit_codes import ExitCode
-from trainer_helpers import free_port, kubetrain, start_ranks, trainer_env, wait_all
+from testcluster.processes import free_port
+from trainer_helpers import kubetrain, start_ranks, trainer_env, wait_all
 
 pytestmark = pytest.mark.distributed
 

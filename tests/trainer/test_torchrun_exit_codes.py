@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubetrain_operator import observe
 from kubetrain_trainer.exit_codes import ExitCode
-from trainer_helpers import free_port, trainer_env
+from testcluster.processes import free_port
+from trainer_helpers import trainer_env
 
 pytestmark = pytest.mark.distributed
 

@@ -8,7 +8,7 @@ import pytest
 from kubetrain_trainer import distributed
 from kubetrain_trainer.exit_codes import ExitCode
 from kubetrain_trainer.failures import ConfigError, RendezvousTimeoutError
-from trainer_helpers import free_port
+from testcluster.processes import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Helpers for trainer tests: free ports and trainer subprocesses, one or several ranks.
+"""Helpers for trainer tests: trainer subprocesses, one or several ranks.
 
 Trainer processes run with one intra-op thread each: the test machines have 2 cores shared with other
 suites, and 2-rank DDP tests would otherwise oversubscribe them.
@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from testcluster.processes import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TARBALL = REPO / "examples" / "data" / "cifar10-sample.tar.gz"
 PREDICT_DIR = REPO / "examples" / "data" / "predict"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for MASTER_PORT)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def trainer_env(config: Mapping[str, Any], **extra: str) -> dict[str, str]:
