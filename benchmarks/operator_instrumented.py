@@ -147,9 +147,6 @@ def _tracer(path: str) -> None:
             _dump_tracemalloc(path)
 
 
-CONTROLLER_STATE = ("_keys", "_active", "_refused", "_due", "_heap", "_queued", "_urgent", "_routine")
-"""The controller's per-key structures (dicts, deques, the delay heap)."""
-
 _instances: dict[str, list[Any]] = collections.defaultdict(list)
 
 
@@ -169,20 +166,7 @@ def _state() -> dict[str, Any]:
 
     out: dict[str, Any] = {"time": time.time(), "threads": threading.active_count()}
     for controller in _instances["controller"]:
-        with controller._lock:
-            out["controller"] = {
-                name: len(getattr(controller, name))
-                for name in (
-                    "_keys",
-                    "_active",
-                    "_refused",
-                    "_due",
-                    "_heap",
-                    "_queued",
-                    "_urgent",
-                    "_routine",
-                )
-            }
+        out["controller"] = controller.state_sizes()
         out["label_sets"] = sum(len(metric.samples) for metric in controller.metrics.registry.collect())
     for cache in _instances["cache"]:
         with cache._lock:

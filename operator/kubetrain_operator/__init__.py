@@ -17,8 +17,9 @@ holds the code to this order.
   `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a
   TrainingJob's workers as local processes) with `localelastic` (local mode for elastic jobs; the second
   pair that import each other), `workeridentity` (the workers' ServiceAccount, created where they run),
-  `controller` (the work queue and plan execution), `handlers` (kopf handlers that only feed the cache
-  and the queue), `main` (settings and start) and `cli`.
+  `workqueue` (which TrainingJob is reconciled next, and when), `controller` (plan execution),
+  `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings and start) and
+  `cli`.
 """
 
 __version__ = "0.1.0"

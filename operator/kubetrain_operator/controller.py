@@ -1,14 +1,9 @@
-"""The controller: a work queue of TrainingJobs and the execution of their reconcile plans.
+"""The controller: worker threads that take TrainingJobs off the work queue and execute their plans.
 
 kopf's handlers only note that a TrainingJob needs a look (`enqueue`); a fixed set of worker threads takes
-keys off the queue and reconciles them, reading everything from the `cache` and calling the API server
-only to change something. The queue holds a key at most once; a key enqueued while it is being reconciled
-is reconciled once more right after, by the same thread, so one job never has two reconciles in flight
-and a burst of its pods' events costs one pass. Keys are urgent (a new TrainingJob or a changed spec:
-someone is waiting for workers) or routine (child events, resyncs); workers take urgent keys first, so a
-burst of submissions gets its workers before older jobs' status refreshes. A scheduler thread enqueues
-keys again when a plan asks (deadline, TTL, waiting for deletions, periodic resync) and after errors,
-with capped exponential backoff.
+keys off the `workqueue` (one key at a time per job, urgent before routine, delayed wake-ups: its
+docstring) and reconciles them, reading everything from the `cache` and calling the API server only to
+change something. A reconcile that fails is retried with capped exponential backoff.
 
 Executing a plan. A plan that only creates the current attempt's children (a new job, or a missing
 worker) creates them first, concurrently, then records status: nothing in that status is a decision the
@@ -34,15 +29,13 @@ nothing, so the plan's deletions and creations go ahead without it; its events a
 planned again by the pass that writes it.
 
 Nothing is kept per TrainingJob beyond its life: `forget` (its deletion) drops every per-job structure,
-and the delay heap is rebuilt whenever stale entries outnumber live ones (`_compact_heap`), so a process
-that runs for months holds state in proportion to the jobs alive, not to the jobs it has seen.
+here and in the queue, so a process that runs for months holds state in proportion to the jobs alive, not
+to the jobs it has seen (`state_sizes` reports them).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import heapq
 import logging
 import math
 import threading
@@ -61,6 +54,7 @@ from kubetrain_operator import (
     observe,
     reconcile,
     workeridentity,
+    workqueue,
 )
 from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, Key
@@ -76,12 +70,8 @@ CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
 AUDIT_SECONDS = 300.0
 """How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
-ROUTINE_MAX_WAIT = 30.0
-"""Longest a routine reconcile (status refresh) waits behind urgent ones before it is taken anyway."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
-HEAP_SLACK = 64
-"""Stale delay-heap entries tolerated beyond one per pending wake-up before the heap is rebuilt."""
 
 
 @dataclasses.dataclass
@@ -129,13 +119,6 @@ class _HeldStatus:
     (`_owner_confirmed`)."""
 
 
-@dataclasses.dataclass
-class _KeyState:
-    running: bool = False
-    dirty: bool = False
-    errors: int = 0
-
-
 class Controller:
     def __init__(
         self,
@@ -173,20 +156,10 @@ class Controller:
         self.ready.set()
         self.post_event: Callable[[dict[str, Any]], None] = self._post_event_now
         """Where events go: the API at once by default; the operator sets a background `EventPoster`."""
+        self.queue = workqueue.WorkQueue(on_depth=self.metrics.queue_depth.set)
         self._lock = threading.Lock()
-        self._keys: dict[Key, _KeyState] = {}
+        """Guards the per-job structures below (worker threads share them)."""
         self._active: dict[Key, bool] = {}
-        self._urgent: collections.deque[Key] = collections.deque()
-        self._routine: collections.deque[Key] = collections.deque()
-        self._queued: dict[Key, bool] = {}
-        """Queued keys -> whether urgent (a key may sit in both deques; this says which entry counts)."""
-        self._queued_at: dict[Key, float] = {}
-        self._urgent_running = 0
-        """Urgent reconciles in progress: routine work and events wait for them too."""
-        self._work = threading.Condition(self._lock)
-        self._heap: list[tuple[float, Key]] = []
-        self._due: dict[Key, float] = {}
-        self._wake = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._creators = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="kubetrain-create")
         self._refused: dict[Key, tuple[str | None, str]] = {}
@@ -199,176 +172,96 @@ class Controller:
 
     def enqueue(self, key: Key, urgent: bool = False) -> None:
         """Ask for a reconcile of `key` by a worker thread. Never blocks, never calls the API."""
-        with self._lock:
-            state = self._keys.get(key)
-            if state is not None and state.running:
-                state.dirty = True  # the running reconcile goes round once more
-                return
-            queued_urgent = self._queued.get(key)
-            if queued_urgent is None or (urgent and not queued_urgent):
-                self._queued[key] = urgent
-                self._queued_at.setdefault(key, time.monotonic())
-                (self._urgent if urgent else self._routine).append(key)
-                self.metrics.queue_depth.set(len(self._queued))
-                self._work.notify()
+        self.queue.add(key, urgent)
 
-    def _next_key(self) -> tuple[Key, bool] | None:
-        """Block until a key may be taken; (key, urgent), or None once stopping. Call with the lock held.
+    def schedule(self, key: Key, delay: float) -> None:
+        """Enqueue `key` again after `delay` seconds (the earliest pending wake-up of a job wins)."""
+        self.queue.add_after(key, delay)
 
-        Urgent keys first. A routine key waits while urgent reconciles are still running (their creations
-        go first, not only their dequeueing), unless it has waited ROUTINE_MAX_WAIT already."""
-        while not self._stopped.is_set():
-            while self._urgent:
-                key = self._urgent.popleft()
-                if self._queued.get(key) is True:  # else a stale entry: the key was taken
-                    return self._take(key), True
-            timeout = None
-            while self._routine:
-                key = self._routine[0]
-                if self._queued.get(key) is not False:  # stale: the key moved up or was taken
-                    self._routine.popleft()
-                    continue
-                waited = time.monotonic() - self._queued_at.get(key, 0.0)
-                if self._urgent_running == 0 or waited >= ROUTINE_MAX_WAIT:
-                    self._routine.popleft()
-                    return self._take(key), False
-                timeout = ROUTINE_MAX_WAIT - waited
-                break
-            self._work.wait(timeout)
-        return None
-
-    def _take(self, key: Key) -> Key:
-        del self._queued[key]
-        self._queued_at.pop(key, None)
-        self.metrics.queue_depth.set(len(self._queued))
-        return key
+    def busy(self) -> bool:
+        """Whether new or changed TrainingJobs are waiting for a reconcile thread or being reconciled."""
+        return self.queue.busy()
 
     def _run_worker(self) -> None:
         while not self.ready.wait(1.0):
             if self._stopped.is_set():
                 return
-        while True:
-            with self._lock:
-                taken = self._next_key()
-                if taken is None:
-                    return
-                key, urgent = taken
-                self._urgent_running += urgent
+        while (taken := self.queue.get()) is not None:
+            key, urgent = taken
             try:
                 self.trigger(*key)
             finally:
                 if urgent:
-                    with self._lock:
-                        self._urgent_running -= 1
-                        self._work.notify_all()
+                    self.queue.urgent_done()
 
     def trigger(self, namespace: str, name: str) -> Outcome | None:
         """Reconcile now in this thread, or mark dirty if another thread is at it. Never raises."""
         key = (namespace, name)
-        with self._lock:
-            state = self._keys.setdefault(key, _KeyState())
-            if state.running:
-                state.dirty = True
-                return None
-            state.running = True
+        if not self.queue.claim(key):
+            return None
         outcome: Outcome | None = None
         try:
             while True:
-                with self._lock:
-                    state.dirty = False
-                outcome = self._reconcile_guarded(key, state)
-                with self._lock:
-                    if not state.dirty:
-                        state.running = False
-                        if outcome is not None and outcome.gone:
-                            self._keys.pop(key, None)
-                        break
+                outcome = self._reconcile_guarded(key)
+                if self.queue.release(key):
+                    break
         except BaseException:
-            with self._lock:
-                state.running = False
+            self.queue.abandon(key)
             raise
         return outcome
 
-    def _reconcile_guarded(self, key: Key, state: _KeyState) -> Outcome | None:
+    def _reconcile_guarded(self, key: Key) -> Outcome | None:
         started = time.monotonic()
         try:
             outcome = self.reconcile(*key)
         except Exception as exc:
             self.metrics.reconcile_errors.inc()
-            delay = ERROR_BACKOFF[min(state.errors, len(ERROR_BACKOFF) - 1)]
-            state.errors += 1
+            failed_before = self.queue.failed(key)
+            delay = ERROR_BACKOFF[min(failed_before, len(ERROR_BACKOFF) - 1)]
             logger.warning(
                 "reconcile of %s/%s failed (%s); retrying in %.0fs", *key, exc, delay, extra=about(key)
             )
-            if state.errors == ERROR_EVENT_AFTER:
+            if failed_before + 1 == ERROR_EVENT_AFTER:
                 self._event(key, None, "Warning", "ReconcileError", f"the operator keeps failing: {exc}")
             self.schedule(key, delay)
             return None
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-        state.errors = 0
+        self.queue.succeeded(key)
         if outcome.plan is not None and outcome.plan.requeue_after is not None:
             self.schedule(key, outcome.plan.requeue_after)
         return outcome
 
-    def schedule(self, key: Key, delay: float) -> None:
-        """Enqueue `key` again after `delay` seconds.
-
-        At most one pending wake-up per job: a later request than the pending one is dropped (the earlier
-        reconcile asks again for what it still needs), an earlier one replaces it.
-        """
-        due = time.monotonic() + max(0.0, delay)
-        with self._lock:
-            pending = self._due.get(key)
-            if pending is not None and pending <= due:
-                return
-            self._due[key] = due
-            heapq.heappush(self._heap, (due, key))
-            if len(self._heap) > 2 * len(self._due) + HEAP_SLACK:
-                self._compact_heap()
-            self._wake.notify()
-
-    def _compact_heap(self) -> None:
-        """Drop the heap's superseded and forgotten entries. Call with the lock held.
-
-        Why: an earlier wake-up replacing a later one (a child's event before a job's TTL or resync) leaves
-        the later entry in the heap until its time, which for a TTL of days is days; rebuilt from `_due`
-        whenever stale entries outnumber live ones, the heap stays proportional to the jobs alive."""
-        self._heap = [(due, key) for key, due in self._due.items()]
-        heapq.heapify(self._heap)
-
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything kept about a deleted TrainingJob: nothing of a job that is gone may outlive it
         in a process that runs for months. A reconcile of it in progress goes round once more, to end
-        with the cache's news (gone) and drop its own state."""
+        with the cache's news (gone)."""
         key = (namespace, name)
-        with self._lock:
-            self._drop(key)
-            state = self._keys.get(key)
-            if state is not None:
-                if state.running:
-                    state.dirty = True
-                else:
-                    del self._keys[key]
+        self._drop(key)
+        self.queue.forget(key)
 
     def _gone(self, key: Key) -> Outcome:
-        """The outcome for a TrainingJob that no longer exists, its per-job state dropped (`trigger` drops
-        its `_KeyState` when the reconcile ends)."""
-        with self._lock:
-            self._drop(key)
+        """The outcome for a TrainingJob that no longer exists, its per-job state dropped."""
+        self._drop(key)
+        self.queue.drop(key)
         return Outcome(gone=True)
 
     def _drop(self, key: Key) -> None:
-        """Forget `key`'s per-job state but its `_KeyState` (its reconcile may be running). Call with the
-        lock held."""
-        self._active.pop(key, None)
-        self._refused.pop(key, None)
-        self._held.pop(key, None)
-        self._due.pop(key, None)  # its heap entry, if any, is now stale (see _compact_heap)
-        self.metrics.active.set(sum(self._active.values()))
+        """Forget `key`'s per-job state in the controller (the queue's is the queue's)."""
+        with self._lock:
+            self._active.pop(key, None)
+            self._refused.pop(key, None)
+            self._held.pop(key, None)
+            self.metrics.active.set(sum(self._active.values()))
+
+    def state_sizes(self) -> dict[str, int]:
+        """How many entries each per-job structure holds, the queue's included: what the soak watches."""
+        with self._lock:
+            own = {"active": len(self._active), "refused": len(self._refused), "held": len(self._held)}
+        return own | self.queue.sizes()
 
     def start(self) -> None:
-        scheduler = threading.Thread(target=self._run_scheduler, name="kubetrain-scheduler", daemon=True)
+        scheduler = threading.Thread(target=self.queue.run_delays, name="kubetrain-scheduler", daemon=True)
         self._threads = [scheduler]
         self._threads += [
             threading.Thread(target=self._run_worker, name=f"kubetrain-worker-{i}", daemon=True)
@@ -382,30 +275,10 @@ class Controller:
 
     def stop(self) -> None:
         self._stopped.set()
-        with self._lock:  # wake every thread waiting on a condition, to see it
-            self._wake.notify_all()
-            self._work.notify_all()
+        self.queue.shut_down()
         for thread in self._threads:
             thread.join(timeout=5)
         self._creators.shutdown(wait=False, cancel_futures=True)
-
-    def _run_scheduler(self) -> None:
-        while True:
-            with self._lock:
-                while not self._stopped.is_set() and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._wake.wait(timeout=timeout)
-                if self._stopped.is_set():
-                    return
-                due: set[Key] = set()
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    when, key = heapq.heappop(self._heap)
-                    if self._due.get(key) == when:  # else superseded by an earlier wake-up
-                        del self._due[key]
-                        due.add(key)
-            for key in due:
-                self.enqueue(key)
 
     def audit(self) -> None:
         """Check the cached TrainingJobs against a fresh listing (`ClusterCache.sweep`): kopf lists them
@@ -600,11 +473,6 @@ class Controller:
             )
             return max(0.0, held.due - now)
 
-    def busy(self) -> bool:
-        """Whether new or changed TrainingJobs are waiting for a reconcile thread or being reconciled."""
-        with self._lock:
-            return self._urgent_running > 0 or any(self._queued.values())
-
     def _post_plan_events(self, body: dict[str, Any], plan: reconcile.Plan) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         for event in plan.events:
@@ -629,8 +497,8 @@ class Controller:
             if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
                 self.cache.forget(body)
                 outcome.gone = True
-                with self._lock:
-                    self._drop((meta["namespace"], meta["name"]))
+                self._drop((meta["namespace"], meta["name"]))
+                self.queue.drop((meta["namespace"], meta["name"]))
                 return None
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
                 outcome.invalid = self._status_refused(body, plan, exc)

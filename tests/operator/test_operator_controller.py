@@ -9,8 +9,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import admission, api, builders, constants, informer, kube, reconcile, workeridentity
-from kubetrain_operator import controller as controller_module
+from kubetrain_operator import (
+    admission,
+    api,
+    builders,
+    constants,
+    informer,
+    kube,
+    reconcile,
+    workeridentity,
+    workqueue,
+)
 from kubetrain_operator import status as st
 from kubetrain_operator.cache import ClusterCache, owner_name
 from kubetrain_operator.controller import Controller
@@ -522,7 +531,7 @@ def test_a_creation_planned_from_a_trainingjob_changed_since_is_planned_again_fr
     assert ctl.reconcile(NS, "demo").plan is None  # nothing executed from the old view
     assert len(fake.creations) == before
     assert fake.cache.trainingjob(NS, "demo")["spec"]["workers"] == 3  # type: ignore[index]
-    assert (NS, "demo") in ctl._due
+    assert ctl.queue.wakes_up((NS, "demo"))
     ctl.reconcile(NS, "demo")
     assert sorted(fake.creations[before:]) == [("Job", "demo-r0-w1"), ("Job", "demo-r0-w2")]  # concurrent
 
@@ -535,11 +544,12 @@ def test_a_forgotten_trainingjob_leaves_nothing_in_the_controllers_per_job_state
     ctl.trigger(NS, "second")
     ticks.now += WAITS.start
     ctl.trigger(NS, "second")  # its status written: _active
-    ctl.trigger(NS, "first")  # its status held and its write scheduled: _held, _due, _keys
+    ctl.trigger(NS, "first")  # its status held and its write scheduled: held, due
     ctl.forget(NS, "first")
     ctl.forget(NS, "second")
-    for structure in ("_keys", "_active", "_refused", "_held", "_due"):
-        assert not getattr(ctl, structure), structure
+    sizes = ctl.state_sizes()
+    sizes.pop("heap")  # stale entries of the forgotten wake-ups: bounded (test_operator_workqueue.py)
+    assert not any(sizes.values()), sizes
 
 
 def test_wake_ups_of_forgotten_jobs_do_not_stay_in_the_delay_heap() -> None:
@@ -548,7 +558,7 @@ def test_wake_ups_of_forgotten_jobs_do_not_stay_in_the_delay_heap() -> None:
         ctl.schedule((NS, f"job-{index}"), 86_400)
         ctl.forget(NS, f"job-{index}")
     ctl.schedule((NS, "alive"), 60)
-    assert len(ctl._heap) <= controller_module.HEAP_SLACK + 1
+    assert ctl.queue.sizes()["heap"] <= workqueue.HEAP_SLACK + 1
 
 
 def test_ttl_deletes_the_trainingjob() -> None:
@@ -568,7 +578,7 @@ def test_a_refused_creation_shows_in_status_and_is_retried() -> None:
     assert "exceeded quota" in fake.status()["pendingMessage"]
     assert all(c["type"] != "Created" for c in fake.status().get("conditions") or ())
     assert [e["reason"] for e in fake.events][-1] == "FailedCreate"
-    assert ctl._due  # retried later
+    assert ctl.queue.wakes_up((NS, "demo"))  # retried later
     del fake.fail_create["demo-r0-w1"]
     ctl.trigger(NS, "demo")
     assert ("Job", "demo-r0-w1") in fake.creations
@@ -579,7 +589,7 @@ def test_errors_are_retried_with_backoff_and_do_not_escape() -> None:
     fake.fail_create["demo-r0-w0"] = kube.ApiError(500, "InternalError", "etcd is sad")
     ctl = _controller(fake)
     assert ctl.trigger(NS, "demo") is None
-    assert ctl._heap and ctl._heap[0][1] == (NS, "demo")
+    assert ctl.queue.wakes_up((NS, "demo"))
 
 
 def test_triggers_for_one_job_coalesce_while_it_reconciles() -> None:
@@ -612,8 +622,9 @@ def test_one_pending_wake_up_per_job() -> None:
     for delay in (60, 60, 30, 90, 60):
         ctl.schedule((NS, "demo"), delay)
     ctl.schedule((NS, "other"), 5)
-    assert len(ctl._due) == 2
-    assert len(ctl._heap) == 3  # 60, then the earlier 30, and "other"; the later requests were dropped
+    sizes = ctl.queue.sizes()
+    assert sizes["due"] == 2
+    assert sizes["heap"] == 3  # 60, then the earlier 30, and "other"; the later requests were dropped
 
 
 def test_the_scheduler_triggers_due_jobs() -> None:
@@ -708,18 +719,6 @@ def test_a_group_kind_the_cluster_does_not_serve_is_explained_and_no_worker_is_c
     assert not [c for c in fake.creations if c[0] == "Job"]  # no half-scheduled group
 
 
-def test_urgent_keys_are_taken_before_routine_ones_and_each_key_once() -> None:
-    ctl = _controller(FakeKube())
-    for name in ("old-1", "old-2", "old-1"):
-        ctl.enqueue((NS, name))
-    ctl.enqueue((NS, "new"), urgent=True)
-    ctl.enqueue((NS, "old-2"), urgent=True)  # a routine key made urgent moves up, once
-    with ctl._lock:
-        order = [ctl._next_key() for _ in range(3)]
-    assert order == [((NS, "new"), True), ((NS, "old-2"), True), ((NS, "old-1"), False)]
-    assert ctl._queued == {}
-
-
 def test_worker_threads_reconcile_what_is_enqueued() -> None:
     fake = FakeKube()
     for name in ("a", "b", "c"):
@@ -744,7 +743,7 @@ def test_a_job_whose_workers_run_within_its_start_wait_gets_one_status_write_for
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
     assert len(fake.creations) == 3 and "patch status" not in fake.calls
-    assert (NS, "demo") in ctl._due  # the held status is written by a later pass at the latest
+    assert ctl.queue.wakes_up((NS, "demo"))  # the held status is written by a later pass at the latest
     ticks.now += 1
     ctl.reconcile(NS, "demo")  # the Jobs' events
     fake.run_pods("Running")
@@ -869,28 +868,6 @@ def test_an_audit_forgets_a_trainingjob_deleted_while_kopfs_watch_was_broken() -
     assert ctl.reconcile(NS, "demo").gone
 
 
-def test_routine_work_waits_while_urgent_reconciles_run_but_not_forever(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    ctl = _controller(FakeKube())
-    ctl.enqueue((NS, "status-refresh"))
-    ctl._urgent_running = 1  # a new job's workers are being created
-    assert ctl.busy()
-
-    def stop_soon() -> None:
-        threading.Event().wait(0.3)
-        with ctl._lock:
-            ctl._stopped.set()
-            ctl._work.notify_all()
-
-    threading.Thread(target=stop_soon).start()
-    with ctl._lock:
-        assert ctl._next_key() is None  # it waited instead of taking the routine key
-        ctl._stopped.clear()
-        monkeypatch.setattr("kubetrain_operator.controller.ROUTINE_MAX_WAIT", 0.0)
-        assert ctl._next_key() == ((NS, "status-refresh"), False)  # waited long enough
-
-
 def _running(fake: FakeKube, ctl: Controller) -> None:
     """Reconcile the fake's TrainingJob until its workers run."""
     ctl.reconcile(NS, "demo")
@@ -958,7 +935,7 @@ def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob
     for _ in range(3):  # resyncs and child events
         ctl.trigger(NS, "demo")
     assert [e["reason"] for e in fake.events].count("StatusRefused") == 1
-    assert (NS, "demo") not in ctl._due
+    assert not ctl.queue.wakes_up((NS, "demo"))
     assert fake.calls.count("patch status") == 1
     fake.edit_spec(runPolicy={"maxRestarts": 2})  # someone edits it: the operator looks again
     ctl.trigger(NS, "demo")

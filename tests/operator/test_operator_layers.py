@@ -44,6 +44,7 @@ IO_SHELL = (
     "localrun",
     "localelastic",
     "workeridentity",
+    "workqueue",
     "controller",
     "handlers",
     "main",
