@@ -13,6 +13,10 @@ after STALE_GRACE_SECONDS when a pod is stuck terminating on a lost node. Suspen
 Job and bumps the attempt the same way (Foreground too, so a quick resume waits for the old pods and no
 old rank 0 writes checkpoints or progress.json beside the new attempt), without counting a restart.
 
+`_plan` is a short list of numbered steps, one function each (`_finished`, `_suspended`, `_deadline`,
+`_old_attempts`, `_verdict`, `_create_missing`, `_record_group`), sharing one `_Pass`: a step either
+decides the pass (returns the plan) or records what it found and lets the next go on.
+
 An elastic job (spec.elastic) shares steps 1 to 4 (spec checks, finished, suspend, deadline) and then
 follows `membership.plan`: one failed worker is replaced alone, spec.workers scales the group.
 """
@@ -271,7 +275,48 @@ def _attempt_group_deletions(
     ]
 
 
+@dataclasses.dataclass
+class _Pass:
+    """One planning pass: what every step reads, and the plan (`out`, whose `status`) they write."""
+
+    obs: Observed
+    spec: api.TrainingJobSpec
+    out: Plan
+    now: datetime
+    defaults: Defaults
+    attempt: int
+    restarts: int
+    workers: list[observe.Worker]
+    stale: list[dict[str, Any]]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.out.status
+
+    def fail(self, reason: str, message: str, blamed: observe.Worker | None = None) -> Plan:
+        """End the job Failed: the verdict, its event, the cleanup, and the TTL's wake-up."""
+        status, spec = self.status, self.spec
+        st.enter_phase(status, "Failed", reason, message, self.now)
+        status["completionTime"] = st.timestamp(self.now)
+        if blamed is not None:
+            status["lastFailure"] = _failure_record(blamed, self.attempt, message)
+        st.record_workers(status, self.workers, spec.workers)
+        self.out.events.append(Event("Warning", reason, message))
+        self.out.transitions.append("failed")
+        return self.clean_up_after_the_end()
+
+    def clean_up_after_the_end(self) -> Plan:
+        """The children cleanPodPolicy removes at the end, and a wake-up when the TTL runs out."""
+        run_policy, obs = self.spec.run_policy, self.obs
+        self.out.delete += _cleanup(run_policy.clean_pod_policy, self.workers, obs.jobs, obs.service)
+        if run_policy.ttl_seconds_after_finished is not None:
+            self.out.requeue_after = float(run_policy.ttl_seconds_after_finished)
+        return self.out
+
+
 def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
+    """The steps in order; each either decides the pass (returns the plan) or records what it found and
+    lets the next one go on."""
     status: dict[str, Any] = copy.deepcopy(dict(obs.status))
     status["observedGeneration"] = obs.generation
     attempt = int(status.get("restartAttempt") or 0)
@@ -303,100 +348,24 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
         stale = observe.stale_jobs(attempt, obs.jobs)
     st.record_progress(status, observe.read_progress(obs.pods, attempt))
+    p = _Pass(obs, spec, out, now, defaults, attempt, restarts, list(workers), list(stale))
 
     # 2. Finished: clean up, then wait for the TTL.
     if phase in api.TERMINAL_PHASES:
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
-        out.delete += [
-            _deletion("Job", j)
-            for j in stale
-            if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
-        ]
-        if obs.workload is not None and not queueing.read_admission(obs.workload).finished:
-            # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
-            # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
-            out.workload_status = queueing.finished(
-                obs.workload, phase == "Succeeded", status.get("message") or str(phase), now
-            )
-        ttl = spec.run_policy.ttl_seconds_after_finished
-        finished = observe.parse_time(status.get("completionTime"))
-        if ttl is not None and finished is not None:
-            left = ttl - _seconds_between(finished, now)
-            if left <= 0:
-                out.delete_self = True
-                out.events.append(Event("Normal", "Deleting", f"ttlSecondsAfterFinished ({ttl}s) has passed"))
-            else:
-                out.requeue_after = left
-        return out
+        return _finished(p, phase)
 
-    def fail(reason: str, message: str, blamed: observe.Worker | None = None) -> Plan:
-        st.enter_phase(status, "Failed", reason, message, now)
-        status["completionTime"] = st.timestamp(now)
-        if blamed is not None:
-            status["lastFailure"] = _failure_record(blamed, attempt, message)
-        st.record_workers(status, workers, spec.workers)
-        out.events.append(Event("Warning", reason, message))
-        out.transitions.append("failed")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
-        if spec.run_policy.ttl_seconds_after_finished is not None:
-            out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
-        return out
-
-    # 3. Suspended, by spec.runPolicy.suspend or until Kueue admits the job: remove the workers; resume
-    # (or admission) starts a fresh attempt, not a restart.
+    # 3. Suspended, by spec.runPolicy.suspend or until Kueue admits the job.
     queue = _queueing(obs, spec, status=status, defaults=defaults, out=out, now=now)
     if spec.run_policy.suspend or queue.hold is not None:
-        current = [j for j in obs.jobs if j not in stale]
-        if current:
-            status["restartAttempt"] = attempt + 1
-        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
-        status["startTime"] = None
-        if spec.elastic is not None:
-            status["elastic"] = None  # a resumed elastic group starts whole, at the new attempt
-        status["pendingReason"] = None
-        status["pendingMessage"] = None
-        status["workers"] = st.worker_counts(())
-        status["workersReady"] = f"0/{spec.workers}"
-        stopping = f"deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
-        if spec.run_policy.suspend or queue.hold is None:
-            reason, message = (
-                "Suspended",
-                f"suspended: {stopping}" if obs.jobs else "suspended: no workers are running",
-            )
-        else:
-            reason, message = queue.hold
-            if obs.jobs:
-                message = f"{message}; {stopping}"
-        before = st.get_condition(status, "Suspended") or {}
-        if st.enter_phase(status, "Suspended", reason, message, now) or before.get("reason") != reason:
-            out.events.append(Event("Normal", reason, message))
-        st.set_condition(status, "Suspended", True, reason, message, now)
-        status["message"] = message
-        return out
+        return _suspended(p, queue)
     if st.is_true(status, "Suspended"):
-        reason, message = "Resumed", "resumed: recreating the workers"
-        if queue.admitted_by is not None:
-            reason, message = (
-                "Admitted",
-                f"admitted by ClusterQueue {queue.admitted_by}: creating the workers",
-            )
-        st.set_condition(status, "Suspended", False, reason, message, now)
-        out.events.append(Event("Normal", reason, message))
-
-    if _record_created(status, workers, [j for j in obs.jobs if j not in stale], now):
+        _resumed(p, queue)
+    if _record_created(status, p.workers, [j for j in obs.jobs if j not in p.stale], now):
         out.transitions.append("created")
 
     # 4. Deadline.
-    started = observe.parse_time(status.get("startTime"))
-    deadline = spec.run_policy.active_deadline_seconds
-    if deadline is not None and started is not None:
-        left = deadline - _seconds_between(started, now)
-        if left <= 0:
-            return fail(
-                "DeadlineExceeded",
-                f"the job ran longer than activeDeadlineSeconds ({deadline}s) since "
-                f"{status.get('startTime')}",
-            )
+    if (deadline_passed := _deadline(p)) is not None:
+        return deadline_passed
 
     ctx = builders.Context(
         owner=builders.Owner(obs.name, obs.namespace, obs.uid),
@@ -408,72 +377,180 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
         placement=queue.placement,
     )
     if spec.elastic is not None:
-        admitted = _within_admission(spec, queue)
-        out = membership.plan(
-            obs,
-            admitted,
-            out,
-            now,
-            ctx=dataclasses.replace(ctx, spec=admitted),
-            fail=fail,
-            stale_grace_seconds=defaults.stale_grace_seconds,
-        )
-        if admitted.workers < spec.workers and status.get("phase") not in api.TERMINAL_PHASES:
-            held = (
-                f"spec.workers is {spec.workers} but Kueue admitted {admitted.workers} workers: the group "
-                f"runs {admitted.workers} (an admitted Workload cannot grow); suspend and resume the job "
-                f"(runPolicy.suspend) to queue it again at {spec.workers}"
-            )
-            if held not in (obs.status.get("message") or ""):
-                out.events.append(Event("Warning", "WorkersAboveAdmission", held))
-            status["message"] = f"{status.get('message') or ''}; {held}".lstrip("; ")
-        return out
+        return _elastic(p, queue, ctx)
 
     # 5. Old attempt's Jobs: delete them, and wait for them to go before starting the next group.
+    if (waiting := _old_attempts(p)) is not None:
+        return waiting
+    # 6. Failure and success policies.
+    if (decided := _verdict(p)) is not None:
+        return decided
+    # 7. Create what is missing of the current attempt.
+    missing = [w for w in p.workers if w.phase == "missing"]
+    if (blocked := _create_missing(p, ctx, missing)) is not None:
+        return blocked
+    # 8. Where the group stands.
+    _record_group(p, ctx, missing)
+    return out
+
+
+def _finished(p: _Pass, phase: str) -> Plan:
+    """Succeeded or Failed: remove what cleanPodPolicy says, tell Kueue, and delete the TrainingJob once
+    its TTL has passed."""
+    out, spec, obs = p.out, p.spec, p.obs
+    out.delete += _cleanup(spec.run_policy.clean_pod_policy, p.workers, obs.jobs, obs.service)
+    out.delete += [
+        _deletion("Job", j)
+        for j in p.stale
+        if not _is_deleting(j) and _name(j) not in {d.name for d in out.delete}
+    ]
+    if obs.workload is not None and not queueing.read_admission(obs.workload).finished:
+        # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
+        # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
+        out.workload_status = queueing.finished(
+            obs.workload, phase == "Succeeded", p.status.get("message") or str(phase), p.now
+        )
+    ttl = spec.run_policy.ttl_seconds_after_finished
+    finished = observe.parse_time(p.status.get("completionTime"))
+    if ttl is not None and finished is not None:
+        left = ttl - _seconds_between(finished, p.now)
+        if left <= 0:
+            out.delete_self = True
+            out.events.append(Event("Normal", "Deleting", f"ttlSecondsAfterFinished ({ttl}s) has passed"))
+        else:
+            out.requeue_after = left
+    return out
+
+
+def _suspended(p: _Pass, queue: _Queued) -> Plan:
+    """Remove the workers; resume (or admission) starts a fresh attempt, not a restart."""
+    out, spec, obs, status = p.out, p.spec, p.obs, p.status
+    current = [j for j in obs.jobs if j not in p.stale]
+    if current:
+        status["restartAttempt"] = p.attempt + 1
+    out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
+    status["startTime"] = None
+    if spec.elastic is not None:
+        status["elastic"] = None  # a resumed elastic group starts whole, at the new attempt
+    status["pendingReason"] = None
+    status["pendingMessage"] = None
+    status["workers"] = st.worker_counts(())
+    status["workersReady"] = f"0/{spec.workers}"
+    stopping = f"deleting {len(obs.jobs)} worker Jobs and waiting for their pods to stop"
+    if spec.run_policy.suspend or queue.hold is None:
+        reason, message = (
+            "Suspended",
+            f"suspended: {stopping}" if obs.jobs else "suspended: no workers are running",
+        )
+    else:
+        reason, message = queue.hold
+        if obs.jobs:
+            message = f"{message}; {stopping}"
+    before = st.get_condition(status, "Suspended") or {}
+    if st.enter_phase(status, "Suspended", reason, message, p.now) or before.get("reason") != reason:
+        out.events.append(Event("Normal", reason, message))
+    st.set_condition(status, "Suspended", True, reason, message, p.now)
+    status["message"] = message
+    return out
+
+
+def _resumed(p: _Pass, queue: _Queued) -> None:
+    reason, message = "Resumed", "resumed: recreating the workers"
+    if queue.admitted_by is not None:
+        reason, message = ("Admitted", f"admitted by ClusterQueue {queue.admitted_by}: creating the workers")
+    st.set_condition(p.status, "Suspended", False, reason, message, p.now)
+    p.out.events.append(Event("Normal", reason, message))
+
+
+def _deadline(p: _Pass) -> Plan | None:
+    """Failed once activeDeadlineSeconds have passed since the start; None before."""
+    started = observe.parse_time(p.status.get("startTime"))
+    deadline = p.spec.run_policy.active_deadline_seconds
+    if deadline is None or started is None or deadline - _seconds_between(started, p.now) > 0:
+        return None
+    return p.fail(
+        "DeadlineExceeded",
+        f"the job ran longer than activeDeadlineSeconds ({deadline}s) since {p.status.get('startTime')}",
+    )
+
+
+def _elastic(p: _Pass, queue: _Queued, ctx: builders.Context) -> Plan:
+    """An elastic job's steps 5 to 8 are `membership.plan`'s, within what Kueue admitted."""
+    spec, status = p.spec, p.status
+    admitted = _within_admission(spec, queue)
+    out = membership.plan(
+        p.obs,
+        admitted,
+        p.out,
+        p.now,
+        ctx=dataclasses.replace(ctx, spec=admitted),
+        fail=p.fail,
+        stale_grace_seconds=p.defaults.stale_grace_seconds,
+    )
+    if admitted.workers < spec.workers and status.get("phase") not in api.TERMINAL_PHASES:
+        held = (
+            f"spec.workers is {spec.workers} but Kueue admitted {admitted.workers} workers: the group "
+            f"runs {admitted.workers} (an admitted Workload cannot grow); suspend and resume the job "
+            f"(runPolicy.suspend) to queue it again at {spec.workers}"
+        )
+        if held not in (p.obs.status.get("message") or ""):
+            out.events.append(Event("Warning", "WorkersAboveAdmission", held))
+        status["message"] = f"{status.get('message') or ''}; {held}".lstrip("; ")
+    return out
+
+
+def _old_attempts(p: _Pass) -> Plan | None:
+    """Delete the Jobs of earlier attempts; wait (a plan) while any is still going, within the grace."""
     waiting = []
-    for job in stale:
+    for job in p.stale:
         if not _is_deleting(job):
-            out.delete.append(_deletion("Job", job, "Foreground"))
+            p.out.delete.append(_deletion("Job", job, "Foreground"))
             waiting.append(job)
         else:
             since = observe.parse_time(job["metadata"]["deletionTimestamp"])
-            if since is None or _seconds_between(since, now) < defaults.stale_grace_seconds:
+            if since is None or _seconds_between(since, p.now) < p.defaults.stale_grace_seconds:
                 waiting.append(job)
-    if waiting:
-        message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
-        return _wait_for_old_workers(out, message, workers, spec.workers, now)
+    if not waiting:
+        return None
+    message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+    return _wait_for_old_workers(p.out, message, p.workers, p.spec.workers, p.now)
 
-    # 6. Failure and success policies.
-    decision = failure.decide(spec, workers, restarts)
+
+def _verdict(p: _Pass) -> Plan | None:
+    """What the failure and success policies decide (`failure.decide`): fail, restart the group, or
+    succeed; None while the group runs on."""
+    out, spec, status = p.out, p.spec, p.status
+    decision = failure.decide(spec, p.workers, p.restarts)
     if decision.action == "fail":
-        return fail(decision.reason, decision.message, decision.worker)
+        return p.fail(decision.reason, decision.message, decision.worker)
     if decision.action == "restart":
         assert decision.worker is not None
-        status["restartAttempt"] = attempt + 1
-        status["restarts"] = restarts + 1
-        status["lastFailure"] = _failure_record(decision.worker, attempt, decision.message)
-        st.record_workers(status, workers, spec.workers)
-        st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
+        status["restartAttempt"] = p.attempt + 1
+        status["restarts"] = p.restarts + 1
+        status["lastFailure"] = _failure_record(decision.worker, p.attempt, decision.message)
+        st.record_workers(status, p.workers, spec.workers)
+        st.enter_phase(status, "Restarting", decision.reason, decision.message, p.now)
         out.events.append(Event("Warning", "Restarting", decision.message))
         out.transitions.append("restarted")
-        out.delete += [_deletion("Job", j, "Foreground") for j in obs.jobs if not _is_deleting(j)]
+        out.delete += [_deletion("Job", j, "Foreground") for j in p.obs.jobs if not _is_deleting(j)]
         out.requeue_after = WAIT_SECONDS
         return out
     if decision.action == "succeed":
-        st.record_workers(status, workers, spec.workers)
-        st.enter_phase(status, "Succeeded", decision.reason, decision.message, now)
-        status["completionTime"] = st.timestamp(now)
+        st.record_workers(status, p.workers, spec.workers)
+        st.enter_phase(status, "Succeeded", decision.reason, decision.message, p.now)
+        status["completionTime"] = st.timestamp(p.now)
         status["pendingReason"] = None
         status["pendingMessage"] = None
         out.events.append(Event("Normal", "Succeeded", decision.message))
         out.transitions.append("succeeded")
-        out.delete += _cleanup(spec.run_policy.clean_pod_policy, workers, obs.jobs, obs.service)
-        if spec.run_policy.ttl_seconds_after_finished is not None:
-            out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
-        return out
+        return p.clean_up_after_the_end()
+    return None
 
-    # 7. Create what is missing of the current attempt.
-    missing = [w for w in workers if w.phase == "missing"]
+
+def _create_missing(p: _Pass, ctx: builders.Context, missing: Sequence[observe.Worker]) -> Plan | None:
+    """Plan the creation of the current attempt's missing objects; a plan that waits instead when a
+    namesake this TrainingJob does not control holds one of their names."""
+    out, spec, obs, status = p.out, p.spec, p.obs, p.status
     # The gang's objects go with what they belong to, so no request is spent checking on them: the
     # TrainingJob's (the Workload; a volcano or scheduler-plugins PodGroup) with the Service, an attempt's
     # PodGroup with that attempt's first Jobs. The shell creates them before the Service and Jobs, so no
@@ -499,21 +576,26 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
             f"them (usually an earlier TrainingJob named {obs.name}, whose children the garbage collector "
             "has not removed yet, does; delete them if they were orphaned)"
         )
-        return _wait_for_old_workers(out, message, workers, spec.workers, now)
+        return _wait_for_old_workers(out, message, p.workers, spec.workers, p.now)
     if missing:
         if status.get("startTime") is None:
-            status["startTime"] = st.timestamp(now)
-        message = _created_message([names.worker_job_name(obs.name, attempt, w.index) for w in missing])
+            status["startTime"] = st.timestamp(p.now)
+        message = _created_message([names.worker_job_name(obs.name, p.attempt, w.index) for w in missing])
         # A start is told by the Created and Running conditions (message and time), not by Normal
         # events: an Event is one more write per job for what status already says.
-        if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
+        if st.set_condition(status, "Created", True, "WorkersCreated", message, p.now):
             out.transitions.append("created")
+    return None
 
-    # 8. Where the group stands.
-    st.record_workers(status, workers, spec.workers)
+
+def _record_group(p: _Pass, ctx: builders.Context, missing: Sequence[observe.Worker]) -> None:
+    """Where the group stands: worker counts, why it waits (a Warning when that is actionable and new),
+    the phase, and when to look again (the resync, or the deadline if sooner)."""
+    out, spec, obs, status, now = p.out, p.spec, p.obs, p.status, p.now
+    st.record_workers(status, p.workers, spec.workers)
     if ctx.gang_provider is not None and status["pendingReason"] == "Unschedulable":
         status["pendingMessage"] = gang.waiting_message(
-            ctx.gang_provider, obs.name, attempt, spec.workers, status["pendingMessage"]
+            ctx.gang_provider, obs.name, p.attempt, spec.workers, status["pendingMessage"]
         )
     if missing and status["pendingReason"] is None and obs.status.get("pendingReason") == "FailedCreate":
         # The controller recorded why creating workers failed; keep saying so until they exist.
@@ -522,27 +604,27 @@ def _plan(obs: Observed, now: datetime, defaults: Defaults) -> Plan:
     reason = status.get("pendingReason")
     if reason and reason not in st.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(Event("Warning", status["pendingReason"], status["pendingMessage"] or ""))
-    if st.group_running(workers):
-        message = f"all {spec.workers} workers are running (restart attempt {attempt})"
+    if st.group_running(p.workers):
+        message = f"all {spec.workers} workers are running (restart attempt {p.attempt})"
         st.enter_phase(status, "Running", "AllWorkersRunning", message, now)
     elif st.is_true(status, "Restarting"):
         status["phase"] = "Restarting"
     else:
         reason = status.get("pendingReason") or "WorkersPending"
         message = status.get("pendingMessage") or (
-            f"waiting for {st.worker_counts(workers)['pending']} of {spec.workers} workers to start"
+            f"waiting for {st.worker_counts(p.workers)['pending']} of {spec.workers} workers to start"
         )
         if status.get("phase") != "Pending":
             st.enter_phase(status, "Pending", reason, message, now)
         else:
             status["message"] = message
 
-    requeue = defaults.resync_seconds
+    requeue = p.defaults.resync_seconds
+    deadline = spec.run_policy.active_deadline_seconds
     if deadline is not None and status.get("startTime"):
         started = observe.parse_time(status["startTime"]) or now
         requeue = min(requeue, max(0.5, deadline - _seconds_between(started, now)))
     out.requeue_after = requeue
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
