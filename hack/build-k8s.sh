@@ -17,6 +17,10 @@ CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}"
 out="$CACHE_ROOT/k8s-bin/$key"
 mkdir -p "$out"
+# One build at a time per version set: a second caller (a test session started while `make binaries`
+# runs) waits here and then finds the binaries present, instead of building into the same .tmp files.
+exec 9>"$out.lock"
+flock 9
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 have() { [ -x "$out/$1" ]; }
