@@ -42,7 +42,10 @@ def _volume_types(value: str) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     from kubetrain_operator.main import LOG_FORMATS, Options
 
-    env = Options.from_env()
+    try:
+        env = Options.from_env()  # the flags' defaults
+    except ValueError as exc:
+        sys.exit(f"kubetrain: {exc}")
     parser = argparse.ArgumentParser(prog="kubetrain", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -222,27 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "operator":
         from kubetrain_operator.main import Options, run
 
-        env = Options.from_env()
-        options = Options(
-            namespaces=args.namespaces or env.namespaces,
-            all_namespaces=args.all_namespaces,
-            default_image=args.default_image,
-            worker_service_account=args.worker_service_account,
-            worker_cluster_role=args.worker_cluster_role,
-            metrics_port=args.metrics_port,
-            liveness=args.liveness or None,
-            posting_level=args.posting_level,
-            workers=args.workers,
-            resync_seconds=args.resync_seconds,
-            verbose=args.verbose,
-            log_format=args.log_format,
-            leader_elect=args.leader_elect,
-            leader_election_namespace=args.leader_election_namespace,
-            leader_election_id=args.leader_election_id,
-            allowed_volume_types=args.allowed_volume_types,
-            allowed_service_accounts=args.allowed_service_accounts,
-            kueue=args.kueue,
-        )
+        options = Options.from_args(args)
         run(options)
         return 0
     if args.command == "validate":

@@ -1,38 +1,9 @@
 """Operator runtime: options, kopf settings (all in one @kopf.on.startup), and `run`.
 
-Options come from CLI flags with environment fallbacks (for the Deployment):
-
-- namespaces: `--namespace NS` (repeatable; env KUBETRAIN_NAMESPACES, comma-separated; kopf glob
-  patterns allowed) or `--all-namespaces` (env KUBETRAIN_ALL_NAMESPACES=true); default: the namespace in
-  env POD_NAMESPACE, else `default`;
-- `--default-image` (env KUBETRAIN_DEFAULT_IMAGE, default `constants.TRAINER_IMAGE`): the image of
-  TrainingJobs without spec.image;
-- `--worker-service-account` (env KUBETRAIN_WORKER_SERVICE_ACCOUNT): the workers' ServiceAccount when
-  spec.serviceAccountName is empty; with `--worker-cluster-role` (env KUBETRAIN_WORKER_CLUSTER_ROLE) the
-  operator creates it, bound to that ClusterRole, in each namespace where it creates workers (see
-  `workeridentity`);
-- `--metrics-port` (env KUBETRAIN_METRICS_PORT, default 8080, 0 disables): Prometheus /metrics;
-- `--liveness` (env KUBETRAIN_LIVENESS, default http://0.0.0.0:8081/healthz, empty disables);
-- `--posting-level` (env KUBETRAIN_POSTING_LEVEL, default WARNING): kopf's own log lines at or above it
-  become Events on the TrainingJob (the operator posts its own transition Events regardless);
-- `--workers` (env KUBETRAIN_WORKERS, default 16): the controller's reconcile threads (kopf's own
-  handlers are async and only feed the cache and the queue);
-- `--verbose`: kopf's debug logging, including a line per handled child event;
-- `--log-format` (env KUBETRAIN_LOG_FORMAT, default full): plain, full (timestamp, level, logger) or json
-  (one object per line with the TrainingJob's namespace and name where a line is about one), for every
-  line of kopf's and the operator's;
-- `--allowed-volume-types` (env KUBETRAIN_ALLOWED_VOLUME_TYPES, comma-separated from
-  persistentVolumeClaim, hostPath, emptyDir) and `--allowed-service-accounts` (env
-  KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS, comma-separated names): what a TrainingJob may ask for in
-  `spec.storage` and `spec.serviceAccountName` (see `admission`); unset allows everything, empty nothing;
-- `--leader-elect` (env KUBETRAIN_LEADER_ELECT=true): HA through a coordination.k8s.io Lease named
-  `--leader-election-id` (default kubetrain-operator) in `--leader-election-namespace` (default
-  $POD_NAMESPACE): standbys run nothing until they hold it, and every write of the leader is fenced by
-  its renew deadline (see `leader`). The only HA mode: kopf runs standalone, because kopf's peering
-  pauses only kopf's own watches while the informers, the queue and the reconcile threads of a paused
-  replica would go on acting from a frozen cache.
-- `--no-kueue` (env KUBETRAIN_KUEUE=false): never use Kueue; by default the operator manages the Workloads
-  of TrainingJobs labelled kueue.x-k8s.io/queue-name wherever Kueue's Workload API is served at start.
+Each option is written in two places: a field of `Options` (its type, its default and the environment
+variable the Deployment sets, read generically by `from_env`) and a flag of `kubetrain operator` (its help,
+in `cli`), whose default is the environment's value; a test holds the two together. `kubetrain operator
+--help` is the reference.
 """
 
 from __future__ import annotations
@@ -41,6 +12,7 @@ import dataclasses
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -66,49 +38,83 @@ from kubetrain_operator.metrics import Metrics
 logger = logging.getLogger("kubetrain.operator")
 
 
+TRUE_WORDS = ("1", "true", "yes")
+FALSE_WORDS = ("", "0", "false", "no")
+
+
+def _env(variable: str) -> dict[str, str]:
+    """The metadata of a field that the environment variable `variable` sets when no flag does."""
+    return {"env": variable}
+
+
 @dataclasses.dataclass
 class Options:
-    namespaces: list[str] = dataclasses.field(default_factory=list)
-    all_namespaces: bool = False
-    default_image: str = constants.TRAINER_IMAGE
-    worker_service_account: str | None = None
-    worker_cluster_role: str | None = None
-    metrics_port: int = 8080
-    liveness: str | None = "http://0.0.0.0:8081/healthz"
-    posting_level: str = "WARNING"
-    workers: int = 16
+    namespaces: list[str] = dataclasses.field(default_factory=list, metadata=_env("KUBETRAIN_NAMESPACES"))
+    """Namespaces (or kopf glob patterns) to watch; none: $POD_NAMESPACE, else `default`."""
+    all_namespaces: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_ALL_NAMESPACES"))
+    default_image: str = dataclasses.field(
+        default=constants.TRAINER_IMAGE, metadata=_env("KUBETRAIN_DEFAULT_IMAGE")
+    )
+    worker_service_account: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_WORKER_SERVICE_ACCOUNT")
+    )
+    worker_cluster_role: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_WORKER_CLUSTER_ROLE")
+    )
+    """With it, the operator creates `worker_service_account`, bound to this ClusterRole, in each namespace
+    where it creates workers (`workeridentity`)."""
+    metrics_port: int = dataclasses.field(default=8080, metadata=_env("KUBETRAIN_METRICS_PORT"))
+    liveness: str | None = dataclasses.field(
+        default="http://0.0.0.0:8081/healthz", metadata=_env("KUBETRAIN_LIVENESS")
+    )
+    posting_level: str = dataclasses.field(default="WARNING", metadata=_env("KUBETRAIN_POSTING_LEVEL"))
+    """kopf's own log lines at or above it become Events (the operator posts its own Events regardless)."""
+    workers: int = dataclasses.field(default=16, metadata=_env("KUBETRAIN_WORKERS"))
+    """The controller's reconcile threads (kopf's handlers are async and only feed the cache and queue)."""
     resync_seconds: float = reconcile.RESYNC_SECONDS
     verbose: bool = False
-    log_format: str = "full"
-    leader_elect: bool = False
-    leader_election_namespace: str | None = None
-    leader_election_id: str = leader.DEFAULT_LEASE_NAME
-    allowed_volume_types: list[str] | None = None
-    allowed_service_accounts: list[str] | None = None
-    kueue: bool = True
+    log_format: str = dataclasses.field(default="full", metadata=_env("KUBETRAIN_LOG_FORMAT"))
+    leader_elect: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_LEADER_ELECT"))
+    """HA through a coordination.k8s.io Lease: standbys run nothing until they hold it, and every write of
+    the leader is fenced by its renew deadline (`leader`). The only HA mode: kopf runs standalone, because
+    kopf's peering pauses only kopf's own watches while the informers, the queue and the reconcile threads
+    of a paused replica would go on acting from a frozen cache."""
+    leader_election_namespace: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_LEADER_ELECTION_NAMESPACE")
+    )
+    leader_election_id: str = dataclasses.field(
+        default=leader.DEFAULT_LEASE_NAME, metadata=_env("KUBETRAIN_LEADER_ELECTION_ID")
+    )
+    allowed_volume_types: list[str] | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_ALLOWED_VOLUME_TYPES")
+    )
+    """What `spec.storage` may use (`admission`); None allows everything, an empty list nothing."""
+    allowed_service_accounts: list[str] | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS")
+    )
+    kueue: bool = dataclasses.field(default=True, metadata=_env("KUBETRAIN_KUEUE"))
+    """Manage the Workloads of TrainingJobs labelled kueue.x-k8s.io/queue-name where Kueue's API is served."""
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Options:
-        env = dict(os.environ if env is None else env)
-        namespaces = [n.strip() for n in env.get("KUBETRAIN_NAMESPACES", "").split(",") if n.strip()]
-        return cls(
-            namespaces=namespaces,
-            all_namespaces=env.get("KUBETRAIN_ALL_NAMESPACES", "").lower() in ("1", "true", "yes"),
-            default_image=env.get("KUBETRAIN_DEFAULT_IMAGE", cls.default_image),
-            worker_service_account=env.get("KUBETRAIN_WORKER_SERVICE_ACCOUNT") or None,
-            worker_cluster_role=env.get("KUBETRAIN_WORKER_CLUSTER_ROLE") or None,
-            metrics_port=int(env.get("KUBETRAIN_METRICS_PORT", cls.metrics_port)),
-            liveness=env.get("KUBETRAIN_LIVENESS", cls.liveness) or None,
-            posting_level=env.get("KUBETRAIN_POSTING_LEVEL", cls.posting_level),
-            workers=int(env.get("KUBETRAIN_WORKERS", cls.workers)),
-            leader_elect=env.get("KUBETRAIN_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
-            log_format=env.get("KUBETRAIN_LOG_FORMAT", cls.log_format),
-            leader_election_namespace=env.get("KUBETRAIN_LEADER_ELECTION_NAMESPACE") or None,
-            leader_election_id=env.get("KUBETRAIN_LEADER_ELECTION_ID", cls.leader_election_id),
-            allowed_volume_types=_names(env.get("KUBETRAIN_ALLOWED_VOLUME_TYPES")),
-            allowed_service_accounts=_names(env.get("KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS")),
-            kueue=env.get("KUBETRAIN_KUEUE", "true").lower() not in ("0", "false", "no"),
-        )
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
+        """The options the environment sets, each read by its field's type; a value that does not parse
+        is refused naming the variable."""
+        env = os.environ if env is None else env
+        given = {}
+        for field in dataclasses.fields(cls):
+            variable = field.metadata.get("env")
+            if variable is not None and variable in env:
+                given[field.name] = _parse(str(field.type), env[variable], variable)
+        return cls(**given)
+
+    @classmethod
+    def from_args(cls, args: Any) -> Options:
+        """The parsed flags of `kubetrain operator` (whose defaults are `from_env`'s), one per field; an
+        empty --liveness disables it, and no --namespace falls back to the environment's list."""
+        values = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        values["namespaces"] = args.namespaces or cls.from_env().namespaces
+        values["liveness"] = args.liveness or None
+        return cls(**values)
 
     def policy(self) -> admission.Policy:
         """What TrainingJobs may ask for; a list that is not given allows everything."""
@@ -125,9 +131,25 @@ class Options:
         return self.namespaces or [os.environ.get("POD_NAMESPACE", "default")]
 
 
-def _names(value: str | None) -> list[str] | None:
-    """A comma-separated list; None when not given at all (an empty value is an empty list)."""
-    return None if value is None else [name.strip() for name in value.split(",") if name.strip()]
+def _parse(kind: str, raw: str, variable: str) -> Any:
+    """An environment variable's value as a field of type `kind` (the annotation, as written)."""
+    if kind == "bool":
+        if raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            words = ", ".join(word for word in TRUE_WORDS + FALSE_WORDS if word)
+            raise ValueError(f"{variable}={raw!r}: expected true or false (or {words})")
+        return raw.strip().lower() in TRUE_WORDS
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{variable}={raw!r}: expected a whole number") from None
+    if kind.startswith("list[str]"):
+        return [name.strip() for name in raw.split(",") if name.strip()]  # empty: an empty list
+    if kind == "str | None":
+        return raw or None
+    if kind == "str":
+        return raw
+    raise TypeError(f"no reader for options of type {kind} ({variable})")
 
 
 _state: dict[str, Any] = {"options": Options(), "fence": None}

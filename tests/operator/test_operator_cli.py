@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import types
@@ -73,6 +74,62 @@ def test_all_namespaces_and_env_fallbacks() -> None:
     assert options.namespaces == ["x", "y"]
     assert options.default_image == "i:2"
     assert options.watched_namespaces() == []  # clusterwide
+
+
+def test_with_no_flags_the_operator_runs_with_every_option_its_environment_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fields of `Options` and the flags of `kubetrain operator` are the two places an option is
+    written: this holds them together (a flag whose dest is not a field, or a field the flags lose)."""
+    env = {
+        "KUBETRAIN_NAMESPACES": "a,b",
+        "KUBETRAIN_ALL_NAMESPACES": "true",
+        "KUBETRAIN_DEFAULT_IMAGE": "img:2",
+        "KUBETRAIN_WORKER_SERVICE_ACCOUNT": "sa",
+        "KUBETRAIN_WORKER_CLUSTER_ROLE": "role",
+        "KUBETRAIN_METRICS_PORT": "9000",
+        "KUBETRAIN_LIVENESS": "http://0.0.0.0:9001/healthz",
+        "KUBETRAIN_POSTING_LEVEL": "ERROR",
+        "KUBETRAIN_WORKERS": "3",
+        "KUBETRAIN_LOG_FORMAT": "json",
+        "KUBETRAIN_LEADER_ELECT": "true",
+        "KUBETRAIN_LEADER_ELECTION_NAMESPACE": "ops",
+        "KUBETRAIN_LEADER_ELECTION_ID": "lease",
+        "KUBETRAIN_ALLOWED_VOLUME_TYPES": "emptyDir",
+        "KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS": "",
+        "KUBETRAIN_KUEUE": "false",
+    }
+    variables = {
+        field.metadata["env"] for field in dataclasses.fields(main.Options) if "env" in field.metadata
+    }
+    assert variables == set(env), "every variable an option reads is set here"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    captured: dict[str, Any] = {}
+    monkeypatch.setattr(main, "run", lambda options: captured.setdefault("options", options))
+    cli.main(["operator"])
+    options = captured["options"]
+    assert options == main.Options.from_env()
+    assert options != main.Options()  # every value above differs from the default
+    for field in dataclasses.fields(main.Options):
+        if "env" in field.metadata:
+            assert getattr(options, field.name) != getattr(main.Options(), field.name), field.name
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("KUBETRAIN_LEADER_ELECT", "maybe", "expected true or false"),
+        ("KUBETRAIN_WORKERS", "many", "expected a whole number"),
+    ],
+)
+def test_an_environment_value_that_does_not_parse_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["operator"])
+    assert f"{variable}={value!r}: {expected}" in str(refused.value.code)
 
 
 def test_the_operator_never_imports_torch() -> None:
