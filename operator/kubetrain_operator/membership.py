@@ -126,6 +126,37 @@ def _budget_spent(
     )
 
 
+@dataclasses.dataclass
+class _Group:
+    """One planning pass of an elastic group: what the steps read, and what they move (the attempt counter,
+    the restarts, each index's attempt and the members read at them)."""
+
+    obs: reconcile.Observed
+    spec: api.TrainingJobSpec
+    out: reconcile.Plan
+    now: datetime
+    fail: Fail
+    counter: int
+    restarts: int
+    attempts: dict[int, int]
+    members: list[Worker]
+    store: Worker | None
+    stale: list[Mapping[str, Any]]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.out.status
+
+    @property
+    def elastic(self) -> api.Elastic:
+        assert self.spec.elastic is not None
+        return self.spec.elastic
+
+    @property
+    def finished(self) -> bool:
+        return any(m.phase == "succeeded" for m in self.members)
+
+
 def plan(
     obs: reconcile.Observed,
     spec: api.TrainingJobSpec,
@@ -137,88 +168,130 @@ def plan(
     stale_grace_seconds: float,
 ) -> reconcile.Plan:
     """Steps 5 to 8 of `reconcile.plan` for an elastic job; `out.status` already carries the changes of
-    the earlier steps (spec checks, suspend, deadline)."""
+    the earlier steps (spec checks, suspend, deadline). Each step decides the pass or lets the next go on."""
     status = out.status
-    assert spec.elastic is not None
-    counter = int(status["restartAttempt"])
-    restarts = int(status["restarts"])
     attempts = worker_attempts(status, spec.workers)
-    members = read_members(attempts, obs.jobs, obs.pods)
-    store = _read_store(obs.jobs, obs.pods)
-    stale = stale_jobs(attempts, obs.jobs)
-    present = [m for m in members if m.phase != "missing"]
-    finished = any(m.phase == "succeeded" for m in members)
+    group = _Group(
+        obs,
+        spec,
+        out,
+        now,
+        fail,
+        counter=int(status["restartAttempt"]),
+        restarts=int(status["restarts"]),
+        attempts=attempts,
+        members=read_members(attempts, obs.jobs, obs.pods),
+        store=_read_store(obs.jobs, obs.pods),
+        stale=stale_jobs(attempts, obs.jobs),
+    )
+    # 5. The rendezvous store: lost while workers of this group exist, the group starts over; a new group
+    # waits for the old one's Jobs to go.
+    if (decided := _store(group, stale_grace_seconds)) is not None:
+        return decided
+    # 6. Failures: replace each failed worker alone, within the budget; non-retryable codes fail the job.
+    if (failed := _replace_failed(group)) is not None:
+        return failed
+    # 7. Scale down: indices at or above spec.workers leave; the counter moves past their names.
+    elastic = _scale_down(group)
+    # 8. Success: torchrun ends every agent of a finished group; late failures are not replaced.
+    if (succeeded := _success(group)) is not None:
+        return succeeded
+    # 9. Create what is missing: the Service, the store, then each absent worker at its own attempt.
+    _create_missing(group, ctx)
+    # 10. Where the group stands: who runs, the world size, and whether minWorkers are there.
+    _record_group(group, elastic)
+    return out
 
-    def restart_group(why: str) -> reconcile.Plan:
-        decision = decide_rendezvous_loss(spec, why, restarts)
-        if decision.action == "fail":
-            return fail(decision.reason, decision.message, None)
-        status["restartAttempt"] = counter + 1
-        status["restarts"] = restarts + 1
-        status["elastic"] = None
-        st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
-        out.events.append(reconcile.Event("Warning", "Restarting", decision.message))
-        out.transitions.append("restarted")
-        out.delete += [
-            reconcile.Deletion("Job", j["metadata"]["name"], "Foreground", j["metadata"].get("uid"))
-            for j in obs.jobs
-            if not _deleting(j)
-        ]
-        out.requeue_after = reconcile.WAIT_SECONDS
-        return out
 
-    # 5. The rendezvous store: lost while workers of this group exist, the group starts over.
+def _store(group: _Group, stale_grace_seconds: float) -> reconcile.Plan | None:
+    obs, out, store, now = group.obs, group.out, group.store, group.now
+    present = [m for m in group.members if m.phase != "missing"]
     store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
-    if store_lost and present and not finished:
+    if store_lost and present and not group.finished:
         why = "the rendezvous store's Job is missing"
         if store is not None:
             why = f"the rendezvous store ended: {store.reason or store.phase}"
-        return restart_group(why)
-    if store is None or store.deleting:
-        # A new group (first start, after a restart or a resume): the old Jobs go first, the store's
-        # fixed name and any old rank 0 writing checkpoints with them.
-        waiting = []
-        for job in obs.jobs:
-            if not _deleting(job):
-                out.delete.append(reconcile.Deletion("Job", job["metadata"]["name"], "Foreground"))
+        return _restart_group(group, why)
+    if store is not None and not store.deleting:
+        return None
+    # A new group (first start, after a restart or a resume): the old Jobs go first, the store's fixed
+    # name and any old rank 0 writing checkpoints with them.
+    waiting = []
+    for job in obs.jobs:
+        if not _deleting(job):
+            out.delete.append(reconcile.Deletion("Job", job["metadata"]["name"], "Foreground"))
+            waiting.append(job)
+        else:
+            since = observe.parse_time(job["metadata"]["deletionTimestamp"])
+            if since is None or (now - since).total_seconds() < stale_grace_seconds:
                 waiting.append(job)
-            else:
-                since = observe.parse_time(job["metadata"]["deletionTimestamp"])
-                if since is None or (now - since).total_seconds() < stale_grace_seconds:
-                    waiting.append(job)
-        if waiting:
-            message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
-            return reconcile._wait_for_old_workers(out, message, members, spec.workers, now)
+    if not waiting:
+        return None
+    message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+    return reconcile._wait_for_old_workers(out, message, group.members, group.spec.workers, now)
 
-    # 6. Failures: replace each failed worker alone, within the budget; non-retryable codes fail the job.
-    failed = [m for m in members if m.phase == "failed"]
-    if failed and not finished:
-        # A non-retryable code anywhere is the root cause; the other failures are usually its peers.
-        for member in sorted(failed, key=lambda m: spec.failure_policy.is_retryable(m.exit_code)):
-            decision = decide_failure(spec, member, restarts)
-            if decision.action == "fail":
-                return fail(decision.reason, decision.message, member)
-            counter += 1
-            restarts += 1
-            attempts[member.index] = counter
-            status["lastFailure"] = reconcile._failure_record(member, member.attempt, decision.message)
-            out.events.append(reconcile.Event("Warning", decision.reason, decision.message))
-            out.transitions.append("restarted")
-        members = [
-            m if m.phase != "failed" else Worker(m.index, attempts[m.index], "missing") for m in members
-        ]
-        stale = stale_jobs(attempts, obs.jobs)
 
-    # 7. Scale down: indices at or above spec.workers leave; the counter moves past their names.
+def _restart_group(group: _Group, why: str) -> reconcile.Plan:
+    """The rendezvous is lost: every worker starts over at a new attempt, counted like a fixed-size
+    restart (or the job fails when the budget is spent)."""
+    out, status = group.out, group.status
+    decision = decide_rendezvous_loss(group.spec, why, group.restarts)
+    if decision.action == "fail":
+        return group.fail(decision.reason, decision.message, None)
+    status["restartAttempt"] = group.counter + 1
+    status["restarts"] = group.restarts + 1
+    status["elastic"] = None
+    st.enter_phase(status, "Restarting", decision.reason, decision.message, group.now)
+    out.events.append(reconcile.Event("Warning", "Restarting", decision.message))
+    out.transitions.append("restarted")
+    out.delete += [
+        reconcile.Deletion("Job", j["metadata"]["name"], "Foreground", j["metadata"].get("uid"))
+        for j in group.obs.jobs
+        if not _deleting(j)
+    ]
+    out.requeue_after = reconcile.WAIT_SECONDS
+    return out
+
+
+def _replace_failed(group: _Group) -> reconcile.Plan | None:
+    """Each failed worker gets a new attempt of its own index (its replacement is created as missing);
+    the job fails instead when the code is not retryable or the budget is spent."""
+    failed = [m for m in group.members if m.phase == "failed"]
+    if not failed or group.finished:
+        return None
+    spec = group.spec
+    # A non-retryable code anywhere is the root cause; the other failures are usually its peers.
+    for member in sorted(failed, key=lambda m: spec.failure_policy.is_retryable(m.exit_code)):
+        decision = decide_failure(spec, member, group.restarts)
+        if decision.action == "fail":
+            return group.fail(decision.reason, decision.message, member)
+        group.counter += 1
+        group.restarts += 1
+        group.attempts[member.index] = group.counter
+        group.status["lastFailure"] = reconcile._failure_record(member, member.attempt, decision.message)
+        group.out.events.append(reconcile.Event("Warning", decision.reason, decision.message))
+        group.out.transitions.append("restarted")
+    group.members = [
+        m if m.phase != "failed" else Worker(m.index, group.attempts[m.index], "missing")
+        for m in group.members
+    ]
+    group.stale = stale_jobs(group.attempts, group.obs.jobs)
+    return None
+
+
+def _scale_down(group: _Group) -> dict[str, Any]:
+    """Delete the stale Jobs (replaced workers, indices above spec.workers) and record the attempts;
+    the status's elastic record, which the last step completes."""
+    spec, status, out = group.spec, group.status, group.out
     removed = sorted(
         {
             key[1]
-            for job in stale
+            for job in group.stale
             if (key := observe.worker_key(job)) and key[1] >= spec.workers and not _deleting(job)
         }
     )
     if removed:
-        counter += 1
+        group.counter += 1
         out.events.append(
             reconcile.Event(
                 "Normal",
@@ -226,62 +299,80 @@ def plan(
                 f"spec.workers is {spec.workers}: removing worker {', '.join(map(str, removed))}",
             )
         )
-    out.delete += [reconcile._deletion("Job", j) for j in stale if not _deleting(j)]
-    status["restartAttempt"] = counter
-    status["restarts"] = restarts
+    out.delete += [reconcile._deletion("Job", j) for j in group.stale if not _deleting(j)]
+    status["restartAttempt"] = group.counter
+    status["restarts"] = group.restarts
     elastic: dict[str, Any] = {
         **(status.get("elastic") or {}),
-        "workerAttempts": [attempts[index] for index in range(spec.workers)],
+        "workerAttempts": [group.attempts[index] for index in range(spec.workers)],
     }
     status["elastic"] = elastic
+    return elastic
 
-    # 8. Success: torchrun ends every agent of a finished group; late failures are not replaced.
-    if finished:
-        running = [m for m in members if m.phase in ("pending", "running")]
-        worker0_done = spec.success_policy == "Worker0" and members[0].phase == "succeeded"
-        if worker0_done or not [m for m in running if m.phase == "running"]:
-            st.record_workers(status, members, spec.workers)
-            reason = "Worker0Succeeded" if worker0_done else "TrainingFinished"
-            message = (
-                "worker 0 succeeded (successPolicy Worker0)"
-                if worker0_done
-                else f"training finished: {sum(m.phase == 'succeeded' for m in members)} workers succeeded"
-            )
-            st.enter_phase(status, "Succeeded", reason, message, now)
-            status["completionTime"] = st.timestamp(now)
-            status["pendingReason"] = None
-            status["pendingMessage"] = None
-            out.events.append(reconcile.Event("Normal", "Succeeded", message))
-            out.transitions.append("succeeded")
-            out.delete += reconcile._cleanup(spec.run_policy.clean_pod_policy, members, obs.jobs, obs.service)
-            out.delete += [
-                reconcile._deletion("Job", j) for j in obs.jobs if is_rendezvous(j) and not _deleting(j)
-            ]
-            if spec.run_policy.ttl_seconds_after_finished is not None:
-                out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
-            return out
 
-    # 9. Create what is missing: the Service, the store, then each absent worker at its own attempt.
+def _success(group: _Group) -> reconcile.Plan | None:
+    """Succeeded once a worker finished and none runs any more (or worker 0 did, with Worker0)."""
+    if not group.finished:
+        return None
+    spec, status, out, obs, members = group.spec, group.status, group.out, group.obs, group.members
+    running = [m for m in members if m.phase == "running"]
+    worker0_done = spec.success_policy == "Worker0" and members[0].phase == "succeeded"
+    if running and not worker0_done:
+        return None
+    st.record_workers(status, members, spec.workers)
+    reason = "Worker0Succeeded" if worker0_done else "TrainingFinished"
+    message = (
+        "worker 0 succeeded (successPolicy Worker0)"
+        if worker0_done
+        else f"training finished: {sum(m.phase == 'succeeded' for m in members)} workers succeeded"
+    )
+    st.enter_phase(status, "Succeeded", reason, message, group.now)
+    status["completionTime"] = st.timestamp(group.now)
+    status["pendingReason"] = None
+    status["pendingMessage"] = None
+    out.events.append(reconcile.Event("Normal", "Succeeded", message))
+    out.transitions.append("succeeded")
+    out.delete += reconcile._cleanup(spec.run_policy.clean_pod_policy, members, obs.jobs, obs.service)
+    out.delete += [reconcile._deletion("Job", j) for j in obs.jobs if is_rendezvous(j) and not _deleting(j)]
+    if spec.run_policy.ttl_seconds_after_finished is not None:
+        out.requeue_after = float(spec.run_policy.ttl_seconds_after_finished)
+    return out
+
+
+def _create_missing(group: _Group, ctx: builders.Context) -> None:
+    obs, out, status, now = group.obs, group.out, group.status, group.now
     if obs.service is None:
         out.create.append(builders.build_service(ctx))
-    if store is None:
+    if group.store is None:
         out.create.append(builders.build_rendezvous_job(ctx))
-    missing = [] if finished else [m for m in members if m.phase == "missing"]
+    missing = [] if group.finished else [m for m in group.members if m.phase == "missing"]
     out.create += [
-        builders.build_worker_job(dataclasses.replace(ctx, restart_attempt=attempts[m.index]), m.index)
+        builders.build_worker_job(dataclasses.replace(ctx, restart_attempt=group.attempts[m.index]), m.index)
         for m in missing
     ]
     if missing:
         if status.get("startTime") is None:
             status["startTime"] = st.timestamp(now)
-        created = ", ".join(names.worker_job_name(obs.name, attempts[m.index], m.index) for m in missing)
+        created = ", ".join(
+            names.worker_job_name(obs.name, group.attempts[m.index], m.index) for m in missing
+        )
         message = f"created {len(missing)} worker Jobs: {created}"
         # Told by the Created condition, not a Normal event (see reconcile); a replacement has its
         # Restarting event, a new member its MembershipChanged.
         if st.set_condition(status, "Created", True, "WorkersCreated", message, now):
             out.transitions.append("created")
 
-    # 10. Where the group stands: who runs, the world size, and whether minWorkers are there.
+
+def _record_group(group: _Group, elastic: dict[str, Any]) -> None:
+    spec, status, out, obs, members, now = (
+        group.spec,
+        group.status,
+        group.out,
+        group.obs,
+        group.members,
+        group.now,
+    )
+    policy = group.elastic
     running = [m.index for m in members if m.phase in ("running", "succeeded")]
     before = elastic.get("members") or []
     world = len(running) * spec.procs_per_worker()
@@ -292,22 +383,23 @@ def plan(
                 "Normal",
                 "MembershipChanged",
                 f"running workers {before} -> {running}: world size {world} "
-                f"(minWorkers {spec.elastic.min_workers}, maxWorkers {spec.elastic.max_workers})",
+                f"(minWorkers {policy.min_workers}, maxWorkers {policy.max_workers})",
             )
         )
     st.record_workers(status, members, spec.workers)
     reason = status.get("pendingReason")
     if reason and reason not in st.QUIET_PENDING_REASONS and reason != obs.status.get("pendingReason"):
         out.events.append(reconcile.Event("Warning", reason, status["pendingMessage"] or ""))
-    if len(running) >= spec.elastic.min_workers and store is not None and store.phase == "running":
+    store = group.store
+    if len(running) >= policy.min_workers and store is not None and store.phase == "running":
         message = (
             f"{len(running)} of {spec.workers} workers running (world size {world}; minWorkers "
-            f"{spec.elastic.min_workers})"
+            f"{policy.min_workers})"
         )
         if not st.enter_phase(status, "Running", "MinWorkersRunning", message, now):
             status["message"] = message
     else:
-        message = f"waiting for minWorkers: {len(running)} of {spec.elastic.min_workers} running" + (
+        message = f"waiting for minWorkers: {len(running)} of {policy.min_workers} running" + (
             f"; {status['pendingMessage']}" if status.get("pendingMessage") else ""
         )
         if status.get("phase") != "Pending":
@@ -315,4 +407,3 @@ def plan(
             st.enter_phase(status, "Pending", reason, message, now)
         else:
             status["message"] = message
-    return out
