@@ -48,11 +48,17 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def manifest(name: str, workers: int, *, elastic: bool = True, batch: int = BATCH) -> dict[str, Any]:
+SCALING_EPOCHS = 8
+"""The scaling test's epochs (see there)."""
+
+
+def manifest(
+    name: str, workers: int, *, elastic: bool = True, batch: int = BATCH, epochs: int = EPOCHS
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "workers": workers,
         "trainer": {
-            "epochs": EPOCHS,
+            "epochs": epochs,
             "batch_size": batch,
             "device": "cpu",
             "width": 8,
@@ -169,7 +175,9 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
     images: Path, tmp_path: Path
 ) -> None:
     path = tmp_path / "tj.yaml"
-    document = manifest("scaled", 2)
+    # Longer than the other tests: the third worker's start and the re-rendezvous must come before the
+    # two-worker group has trained every epoch (under the full suite's load, 3 epochs were over first).
+    document = manifest("scaled", 2, epochs=SCALING_EPOCHS)
     path.write_text(yaml.safe_dump(document))
     job = localrun.load_trainingjob(path)
     directories = localrun.mount_directories(job.spec, {"data": images}, tmp_path)
@@ -190,10 +198,10 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
         )
     )
     result = next(run)
-    at = log.wait_for(r"epoch 1/3 step 2/")
+    at = log.wait_for(rf"epoch 1/{SCALING_EPOCHS} step 2/")
     scale(3)
     at = log.wait_for(r"joined process group: rank 0 of 3", at)
-    at = log.wait_for(r"epoch \d/3 step \d+/", at)
+    at = log.wait_for(rf"epoch \d+/{SCALING_EPOCHS} step \d+/", at)
     scale(2)
     log.wait_for(r"joined process group: rank 0 of 2", at)
     outcome = result()
@@ -206,7 +214,9 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
     )
     assert "removing worker 2" in log.text()
 
-    fixed = api.TrainingJob.model_validate(manifest("fixed", 2, elastic=False, batch=BATCH * 3 // 2))
+    fixed = api.TrainingJob.model_validate(
+        manifest("fixed", 2, elastic=False, batch=BATCH * 3 // 2, epochs=SCALING_EPOCHS)
+    )
     fixed_result = localrun.run_local(
         fixed, localrun.mount_directories(fixed.spec, {"data": images}, tmp_path), log
     )
