@@ -496,9 +496,8 @@ class Controller:
                 return None
             if exc.not_found:  # deleted while a watch was broken: the cache held a ghost
                 self.cache.forget(body)
+                self._gone((meta["namespace"], meta["name"]))
                 outcome.gone = True
-                self._drop((meta["namespace"], meta["name"]))
-                self.queue.drop((meta["namespace"], meta["name"]))
                 return None
             if exc.invalid:  # the API server refuses any write to this object: retrying cannot help
                 outcome.invalid = self._status_refused(body, plan, exc)

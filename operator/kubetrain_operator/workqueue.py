@@ -74,8 +74,8 @@ class WorkQueue:
                 self._work.notify()
 
     def get(self) -> tuple[Key, bool] | None:
-        """Block until a key may be taken, claim it; (key, urgent), or None once shut down. The caller
-        calls `release` (or `abandon`) when done; an urgent key also counts as urgent work till then."""
+        """Block until a key may be taken; (key, urgent), or None once shut down. The caller processes it
+        under `claim`; an urgent key counts as urgent work (routine keys wait) until `urgent_done`."""
         with self._lock:
             while not self._stopped:
                 taken = self._take_next()
