@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_speed import RESULTS, machine_info, prepare_data, recipe_config
 
 REPO = Path(__file__).resolve().parent.parent
+_SOURCES = [str(REPO / part) for part in ("operator", "trainer", "tests")]
 
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "cpu_recipe": ("examples/cifar10-fast.yaml's trainer as it is (width 32, batch 256, 7 epochs)", {}),
@@ -75,10 +76,7 @@ def run_tests(device: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         check=False,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "trainer", "tests")),
-        },
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([*_SOURCES, os.environ.get("PYTHONPATH", "")])},
     )
     print(result.stdout[-3000:], result.stderr[-2000:], flush=True)
     return {

@@ -12,6 +12,7 @@ beside the difference a different seed makes.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,14 @@ def test_a_gpu_run_learns_and_records_its_device(gpu_run: Path) -> None:
     assert len(accuracies) == EPOCHS
     assert accuracies[-1] > 0.3  # chance is 0.1; the CPU recipe reaches about 0.4 on this sample
     assert metrics["provenance"]["config"]["device"] == "cuda"
+
+
+def test_a_compiled_gpu_run_learns(sample_root: Path, tmp_path: Path) -> None:
+    """torch.compile under bf16 autocast once trained to chance: amax's backward made every gradient NaN."""
+    _train(_config(sample_root, tmp_path, compile=True, epochs=2), "compiled")
+    epochs = json.loads((tmp_path / "compiled" / "metrics.json").read_text())["epochs"]
+    assert all(math.isfinite(epoch["train_loss"]) for epoch in epochs)
+    assert epochs[-1]["val_accuracy"] > 0.3
 
 
 def test_a_model_trained_on_the_gpu_predicts_on_a_cpu(gpu_run: Path) -> None:

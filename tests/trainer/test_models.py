@@ -60,3 +60,16 @@ def test_whitened_cnn_trains_everything_but_the_whitening_filters_and_batch_norm
     assert model.whiten.conv.bias.requires_grad
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert norms and all(not m.weight.requires_grad and m.bias.requires_grad for m in norms)
+
+
+def test_global_max_takes_each_channels_maximum_and_routes_its_gradient_to_one_position() -> None:
+    x = torch.zeros(2, 3, 4, 4)
+    x[0, 1, 2, 3] = x[0, 1, 0, 0] = 5.0  # a tie: the gradient still reaches exactly one position
+    x[1, 2, 1, 1] = -1.0
+    x.requires_grad_(True)
+    pooled = models.global_max(x)
+    assert torch.equal(pooled.detach(), torch.amax(x.detach(), dim=(2, 3)))
+    pooled[0, 1].backward()
+    assert x.grad is not None
+    assert x.grad.sum() == 1.0 and int((x.grad != 0).sum()) == 1
+    assert x.grad[0, 1, 2, 3] + x.grad[0, 1, 0, 0] == 1.0

@@ -30,6 +30,16 @@ class SimpleCNN(nn.Module):
         return functional.log_softmax(self.fc2(x), dim=1)
 
 
+def global_max(x: torch.Tensor) -> torch.Tensor:
+    """Each channel's maximum over the map, (N, C, H, W) -> (N, C), routing the gradient to one position.
+
+    A max-pool with indices rather than `torch.amax`, whose backward splits the gradient among tied
+    maxima: compiled with bf16 autocast on a GPU (torch 2.11, H200), that split made every gradient NaN
+    from the first step, while the same network compiled in fp32 or run eagerly trained normally.
+    """
+    return functional.adaptive_max_pool2d(x, 1).flatten(1)
+
+
 def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.GELU())
 
@@ -72,7 +82,7 @@ class ResNetSmall(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))
-        x = torch.amax(x, dim=(2, 3))
+        x = global_max(x)
         return self.head(x) * self.logit_scale
 
 
@@ -170,7 +180,7 @@ class WhitenedCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.groups(functional.gelu(self.whiten(x)))
-        x = torch.amax(x, dim=(2, 3))
+        x = global_max(x)
         return self.head(x) * self.logit_scale
 
 
