@@ -1,5 +1,6 @@
-"""What each piece of the fast CPU recipe buys (issue 13): the recipe of examples/cifar10-fast.yaml trained
-for a fixed number of epochs, then again with one piece at a time turned back to the plain choice.
+"""What each piece of a fast CPU recipe buys (issue 13): the recipe of examples/cifar10-fast.yaml (or, with
+`--recipe sprint`, of examples/cifar10-sprint.yaml) trained for a fixed number of epochs, then again with one
+piece at a time turned back to the plain choice (for the sprint: to the fast recipe's choice).
 
 Every run has the same data (real CIFAR-10 JPEGs, the last 500 images of every class held out, as in
 trainer_speed.py), epochs, width and seed; decoded images are cached before the first run, so the times
@@ -7,8 +8,9 @@ are training only and every run pays the same. The recipe runs first and last: t
 two runs is the machine's noise (time) and the figure to read the others against.
 
     python benchmarks/trainer_ablation.py --epochs 2 --width 16
+    python benchmarks/trainer_ablation.py --recipe sprint --epochs 1.5
 
-Results go to benchmarks/results/trainer-recipe-ablation.{json,md}.
+Results go to benchmarks/results/trainer-recipe-ablation[-sprint].{json,md}.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from kubetrain_trainer import datasets
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_speed import RESULTS, machine_info, prepare_data, recipe_config
+from trainer_speed import RECIPE_FILE, RESULTS, SPRINT_FILE, machine_info, prepare_data, recipe_config
 
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "recipe": ("the recipe as in examples/cifar10-fast.yaml", {}),
     "resnet_small": ("model resnet_small instead of whitened_cnn", {"model": "resnet_small"}),
     "no_lookahead": ("no lookahead averaging of the weights", {"optimizer": {"lookahead": False}}),
@@ -47,10 +50,29 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+SPRINT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "recipe": ("the recipe as in examples/cifar10-sprint.yaml", {}),
+    "augment": ("crops shifted up to 2 pixels and alternating flips, as the fast recipe", {"augment": True}),
+    "lookahead": (
+        "lookahead averaging of the weights, as the fast recipe",
+        {"optimizer": {"lookahead": True}},
+    ),
+    "batch_256": ("batch 256 at lr 0.3 instead of 128 at 0.2", {"batch_size": 256, "optimizer": {"lr": 0.3}}),
+    "width_24": ("width 24 instead of 16", {"width": 24}),
+    "no_tta": (
+        "validation without any test-time views",
+        {"eval_translate_tta": False, "eval_flip_tta": False},
+    ),
+}
 
-def run_variant(root: Path, out: Path, label: str, overrides: dict[str, Any]) -> dict[str, Any]:
+RECIPES = {"fast": (RECIPE_FILE, FAST_VARIANTS), "sprint": (SPRINT_FILE, SPRINT_VARIANTS)}
+
+
+def run_variant(
+    root: Path, out: Path, label: str, overrides: dict[str, Any], recipe: Path = RECIPE_FILE
+) -> dict[str, Any]:
     """Train one variant from scratch; its accuracy after each epoch and its training seconds."""
-    config = recipe_config(root, out, deep_merge(overrides, {"data": {"cache_decoded": True}}))
+    config = recipe_config(root, out, deep_merge(overrides, {"data": {"cache_decoded": True}}), recipe)
     shutil.rmtree(out / label, ignore_errors=True)  # a previous run's checkpoints would make this one resume
     started = time.perf_counter()
     history = Trainer(config, WorldEnv(), label).train().history
@@ -62,21 +84,22 @@ def run_variant(root: Path, out: Path, label: str, overrides: dict[str, Any]) ->
     }
 
 
-def write_results(results: dict[str, Any]) -> None:
+def write_results(results: dict[str, Any], name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "trainer-recipe-ablation.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     runs = results["runs"]
     recipe = [run["val_accuracy"] for run in runs if run["variant"] == "recipe"]
     reference = sum(recipe) / len(recipe)
     machine = results["machine"]
     lines = [
-        "# trainer-recipe-ablation",
+        f"# {name}",
         "",
         f"Command: `{results['command']}`  ",
         f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, load average "
         f"at start {'/'.join(f'{v:.1f}' for v in machine['load_average_at_start'])}, at end "
         f"{'/'.join(f'{v:.1f}' for v in machine['load_average_at_end'])} (other work shared the cores)  ",
-        f"Each run: {results['epochs']} epochs at width {results['width']}, seed and data identical, decoded "
+        f"Each run: {results['epochs']} epochs at width {results['width']} from `{results['recipe']}`, seed "
+        "and data identical, decoded "
         "images cached (training time only). The recipe ran first and last; deltas are against the mean of "
         f"its runs ({reference:.4f}).",
         "",
@@ -88,7 +111,7 @@ def write_results(results: dict[str, Any]) -> None:
             f"| {run['variant']} | {run['description']} | {run['val_accuracy']:.4f} | "
             f"{run['val_accuracy'] - reference:+.4f} | {run['train_seconds']} |"
         )
-    (RESULTS / "trainer-recipe-ablation.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -97,14 +120,16 @@ def main() -> None:
     )
     parser.add_argument("--source", type=Path, default=Path("../shared/datasets/cifar10-train.tar.gz"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/kubetrain-bench"))
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset, in order")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="fast")
+    parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--width", type=int, help="override the recipe's width (the fast runs used 16)")
+    parser.add_argument("--variants", help="comma-separated subset, in order (default: all of the recipe's)")
     args = parser.parse_args()
-    chosen = [name for name in args.variants.split(",") if name]
-    unknown = set(chosen) - set(VARIANTS)
+    recipe, variants = RECIPES[args.recipe]
+    chosen = [name for name in (args.variants or ",".join(variants)).split(",") if name]
+    unknown = set(chosen) - set(variants)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(VARIANTS)}")
+        parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(variants)}")
     order = ["recipe", *(name for name in chosen if name != "recipe"), "recipe"]
     torch.set_num_threads(2)
     root = prepare_data(args.source.resolve(), args.work, None)
@@ -112,21 +137,22 @@ def main() -> None:
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": machine_info(),
+        "recipe": str(recipe.relative_to(recipe.parent.parent)),
         "epochs": args.epochs,
-        "width": args.width,
+        "width": args.width or yaml.safe_load(recipe.read_text())["spec"]["trainer"]["width"],
         "runs": [],
     }
+    name = "trainer-recipe-ablation" + ("" if args.recipe == "fast" else f"-{args.recipe}")
     out = args.work / "ablation-output"
-    for number, name in enumerate(order):
-        description, overrides = VARIANTS[name]
-        run = run_variant(
-            root, out, f"{name}-{number}", {"epochs": args.epochs, "width": args.width, **overrides}
-        )
-        results["runs"].append({"variant": name, "description": description, **run})
-        print(f"{name}: {run}", flush=True)
+    base = {"epochs": args.epochs, **({"width": args.width} if args.width else {})}
+    for number, variant in enumerate(order):
+        description, overrides = variants[variant]
+        run = run_variant(root, out, f"{variant}-{number}", deep_merge(base, overrides), recipe)
+        results["runs"].append({"variant": variant, "description": description, **run})
+        print(f"{variant}: {run}", flush=True)
         results["machine"]["load_average_at_end"] = os.getloadavg()
-        write_results(results)  # a stopped run keeps what it measured
-    print((RESULTS / "trainer-recipe-ablation.md").read_text())
+        write_results(results, name)  # a stopped run keeps what it measured
+    print((RESULTS / f"{name}.md").read_text())
 
 
 if __name__ == "__main__":

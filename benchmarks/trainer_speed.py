@@ -4,10 +4,11 @@ Runs, side by side on the same machine and data (the last 500 images of every cl
 1. seed: the tutorial loop reproduced faithfully: SimpleCNN, PIL decode + Resize(32) + ToTensor per
    sample every epoch (torchvision ImageFolder + DataLoader, no workers), batch 64, SGD 0.01 / 0.9,
    no normalisation, 10 epochs. Reports wall time, images/s and validation accuracy.
-2. recipe: `kubetrain train` (the Trainer) with the TrainerConfig of examples/cifar10-fast.yaml, only data
-   and output pointed here and the decode cache off (see that file for the recipe). A short "sprint" run
-   sized to 1/8 of the seed's time (narrower, `--sprint-width`) measures the time to reach the seed's
-   accuracy; a "budget" run sized to the seed's whole time measures accuracy there. Times are the
+2. recipe: `kubetrain train` (the Trainer) with the TrainerConfig of a recipe file, only data and output
+   pointed here and the decode cache off (see the files for the recipes). A "sprint" run of
+   examples/cifar10-sprint.yaml sized to 1/8 of the seed's time measures the time to reach the seed's
+   accuracy; a "budget" run of examples/cifar10-fast.yaml sized to the seed's whole time measures
+   accuracy there. Each is sized in (fractional) epochs from a probe of its training rate. Times are the
    Trainer's set-up (decoding the JPEGs in parallel processes, padding, statistics, whitening fit) plus
    its training seconds, without validation, as the seed's are (the seed pays its decoding inside its
    epochs).
@@ -51,12 +52,17 @@ from torch import nn
 VAL_PER_CLASS = 500
 PARTS = frozenset({"seed", "recipe", "ceiling", "ddp"})
 RESULTS = Path(__file__).resolve().parent / "results"
-RECIPE_FILE = Path(__file__).resolve().parent.parent / "examples" / "cifar10-fast.yaml"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RECIPE_FILE = EXAMPLES / "cifar10-fast.yaml"
 """The TrainingJob whose `spec.trainer` is the recipe: what the benchmark measures is what users run."""
+SPRINT_FILE = EXAMPLES / "cifar10-sprint.yaml"
+"""The recipe for a run of about one epoch (no augmentation, no lookahead: too short to pay for them)."""
+FILL = 0.95
+"""Share of its time budget a run is sized to: the rate probe is a few percent off the run's own rate."""
 SPRINT_SHARE = 8
 """The sprint's budget is 1/8 of the seed's wall time (issue 13)."""
-SETUP_SECONDS_PER_IMAGE = 1e-4
-"""Trainer set-up per image file on 2 quiet cores (parallel decode about 3.5 s of the 5 s for 50,000)."""
+SETUP_SECONDS_PER_IMAGE = 2e-4
+"""Trainer set-up per image file on 2 quiet cores (10.0-10.3 s for 50,000, parallel decoding 5-6 s of it)."""
 TARGETS = {"sprint_share": 1 / SPRINT_SHARE, "budget_accuracy": 0.87, "ceiling": 0.92, "ddp": 0.9}
 
 
@@ -174,10 +180,12 @@ def _seed_accuracy(model: nn.Module, loader: Any) -> float:
     return round(correct / total, 4)
 
 
-def recipe_config(root: Path, out: Path, overrides: dict[str, Any]) -> TrainerConfig:
-    """The example TrainingJob's trainer config, reading this benchmark's data (no decode cache: the timed
+def recipe_config(
+    root: Path, out: Path, overrides: dict[str, Any], recipe: Path = RECIPE_FILE
+) -> TrainerConfig:
+    """An example TrainingJob's trainer config, reading this benchmark's data (no decode cache: the timed
     run pays for decoding) and writing under `out`, with `overrides` (epochs, width) on top."""
-    spec = yaml.safe_load(RECIPE_FILE.read_text())["spec"]["trainer"]
+    spec = yaml.safe_load(recipe.read_text())["spec"]["trainer"]
     here = {
         "data": {"dataset": "imagefolder", "root": str(root), "cache_decoded": False},
         "output_dir": str(out),
@@ -226,19 +234,19 @@ def _recipe_rate(root: Path, config: TrainerConfig) -> float:
 
 
 def run_recipe(
-    root: Path, out: Path, budget_seconds: float, overrides: dict[str, Any], *, target: float, label: str
+    root: Path, out: Path, budget_seconds: float, recipe: Path, *, target: float, label: str
 ) -> dict[str, Any]:
-    """Train the recipe through the Trainer for as many epochs as fit `budget_seconds`; time and accuracy.
+    """Train `recipe` through the Trainer for as many epochs as fit `budget_seconds`; time and accuracy.
 
-    The epoch count is sized from the probed training rate and the budget left after the set-up, which
-    `SETUP_SECONDS_PER_IMAGE` estimates (decoding dominates it).
+    The (fractional) epoch count is sized from the probed training rate and the budget left after the
+    set-up, which `SETUP_SECONDS_PER_IMAGE` estimates (decoding dominates it), filled to `FILL`.
     """
-    probe = recipe_config(root, out, overrides)
+    probe = recipe_config(root, out, {}, recipe)
     rate = _recipe_rate(root, probe)
     train_images = int(len(datasets.list_image_folder(root)[1]) * (1 - probe.data.validation_fraction))
     setup_estimate = SETUP_SECONDS_PER_IMAGE * train_images / (1 - probe.data.validation_fraction)
-    epochs = max(1, int((budget_seconds - setup_estimate) * rate / train_images))
-    config = recipe_config(root, out, {**overrides, "epochs": epochs})
+    epochs = max(0.05, round((FILL * budget_seconds - setup_estimate) * rate / train_images, 2))
+    config = recipe_config(root, out, {"epochs": epochs}, recipe)
     print(f"{label}: {epochs} epochs (measured {rate:.0f} img/s)", flush=True)
     shutil.rmtree(out / label, ignore_errors=True)  # a previous run's checkpoints would make this one resume
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -382,6 +390,13 @@ def run_ddp(root: Path, out: Path, epochs: int) -> dict[str, Any]:
     }
 
 
+def _recipe_record(recipe: Path) -> dict[str, Any]:
+    return {
+        "file": str(recipe.relative_to(EXAMPLES.parent)),
+        "trainer": yaml.safe_load(recipe.read_text())["spec"]["trainer"],
+    }
+
+
 def _load(values: list[float]) -> str:
     return "/".join(f"{v:.1f}" for v in values)
 
@@ -461,10 +476,13 @@ def write_results(results: dict[str, Any], name: str) -> None:
             f"CPU seconds (process time, less sensitive to other work on the machine): seed "
             f"{seed['cpu_seconds']}, sprint {sprint['cpu_seconds']}, budget {budget['cpu_seconds']}.",
             "",
-            f"Recipe: `{results['recipe']['file']}`, "
-            f"spec.trainer {json.dumps(results['recipe']['trainer'])}; "
-            f"sprint width {sprint['width']} x {sprint['epochs']} epochs, budget width {budget['width']} x "
-            f"{budget['epochs']} epochs. Per-epoch curves in the JSON.",
+            f"Sprint: `{results['sprint_recipe']['file']}`, "
+            f"spec.trainer {json.dumps(results['sprint_recipe']['trainer'])}, sized to {sprint['epochs']} "
+            "epochs.",
+            "",
+            f"Budget: `{results['recipe']['file']}`, "
+            f"spec.trainer {json.dumps(results['recipe']['trainer'])}, sized to {budget['epochs']} epochs. "
+            "Per-epoch curves in the JSON.",
             "",
         ]
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
@@ -478,9 +496,6 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kubetrain-bench"))
     parser.add_argument("--quick", action="store_true", help="1,000 training images per class, 2 seed epochs")
     parser.add_argument("--seed-epochs", type=int, help="default 10 (2 with --quick)")
-    parser.add_argument(
-        "--sprint-width", type=int, default=16, help="the sprint's width (the budget run keeps the example's)"
-    )
     parser.add_argument("--parts", default=",".join(sorted(PARTS)), help="comma-separated subset to run")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -498,19 +513,14 @@ def main() -> None:
     if "seed" in parts:
         results["seed"] = seed = run_seed(root, seed_epochs)
     if "recipe" in parts:
-        results["recipe"] = {"file": str(RECIPE_FILE.relative_to(RECIPE_FILE.parent.parent))}
-        results["recipe"]["trainer"] = yaml.safe_load(RECIPE_FILE.read_text())["spec"]["trainer"]
+        results["recipe"] = _recipe_record(RECIPE_FILE)
+        results["sprint_recipe"] = _recipe_record(SPRINT_FILE)
         target, budget = seed["val_accuracy"], seed["wall_seconds"]
         out = args.work / "recipe-output"
         results["recipe_sprint"] = run_recipe(
-            root,
-            out,
-            budget * TARGETS["sprint_share"],
-            {"width": args.sprint_width},
-            target=target,
-            label="sprint",
+            root, out, budget * TARGETS["sprint_share"], SPRINT_FILE, target=target, label="sprint"
         )
-        results["recipe_budget"] = run_recipe(root, out, budget, {}, target=target, label="budget")
+        results["recipe_budget"] = run_recipe(root, out, budget, RECIPE_FILE, target=target, label="budget")
     if "ceiling" in parts:
         results["ceiling"] = run_ceiling(root, steps=100 if args.quick else 200, rounds=5)
     if "ddp" in parts:

@@ -35,9 +35,11 @@ def _rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
         if "default" in child:
             constraints.append(f"default `{child['default']}`")
         if "minimum" in child:
-            constraints.append(f"min {child['minimum']}")
+            above = "above" if child.get("exclusiveMinimum") else "min"
+            constraints.append(f"{above} {child['minimum']}")
         if "maximum" in child:
-            constraints.append(f"max {child['maximum']}")
+            below = "below" if child.get("exclusiveMaximum") else "max"
+            constraints.append(f"{below} {child['maximum']}")
         if name in required:
             constraints.append("required")
         extra = f" ({', '.join(constraints)})" if constraints else ""

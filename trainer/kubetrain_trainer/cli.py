@@ -34,7 +34,7 @@ def _add_train_parser(commands: Any) -> None:
         "(permanent); 1 unexpected, 10 rendezvous timeout, 11 peer lost, 12 out of memory, 130 interrupted.",
     )
     train.add_argument("--config", type=Path, help="YAML or JSON file holding a TrainerConfig")
-    train.add_argument("--epochs", type=int, help="override epochs")
+    train.add_argument("--epochs", type=float, help="override epochs (a fraction ends the last early)")
     train.add_argument("--batch-size", type=int, help="override batch_size (per process)")
     train.add_argument("--lr", type=float, help="override optimizer.lr")
     train.add_argument("--model", help="override model")

@@ -120,8 +120,14 @@ class TrainerConfig(_Strict):
             "use 2x and 4x); other models ignore it. Default 32."
         ),
     )
-    epochs: int = Field(
-        10, ge=1, le=10000, description="epochs is the number of passes over the data. Default 10."
+    epochs: float = Field(
+        10,
+        gt=0,
+        le=10000,
+        description=(
+            "epochs is the number of passes over the data; a fraction ends the last pass early (1.5: one "
+            "pass and half of the next) and the learning-rate schedule is sized to it. Default 10."
+        ),
     )
     batch_size: int = Field(
         64,

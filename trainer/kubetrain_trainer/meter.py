@@ -27,11 +27,18 @@ class ThroughputMeter:
     """Tracks global images/s and projects the time left for the remaining steps of the whole run."""
 
     def __init__(
-        self, *, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int, enabled: bool
+        self,
+        *,
+        epochs: int,
+        steps_per_epoch: int,
+        total_steps: int,
+        global_batch: int,
+        log_every: int,
+        enabled: bool,
     ) -> None:
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
-        self.total_steps = epochs * steps_per_epoch
+        self.total_steps = total_steps
         self.global_batch = global_batch
         self.log_every = log_every
         self.enabled = enabled

@@ -7,6 +7,7 @@ so checkpoints only need the optimiser's state and the step.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -27,6 +28,24 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Op
     if config.name == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr)
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+
+
+class RunLength(NamedTuple):
+    """How long a run is in optimizer steps, and over how many (started) epochs they fall."""
+
+    steps_per_epoch: int
+    total_steps: int
+    epochs: int
+
+
+def run_length(steps_per_epoch: int, epochs: float) -> RunLength:
+    """`epochs` passes of `steps_per_epoch` steps, a fraction rounded to whole steps (at least one).
+
+    The schedule is sized to the total, so 1.5 epochs decays to zero halfway through the second pass;
+    the count of epochs is the started ones, which is what progress and the epoch loop count.
+    """
+    total = max(1, round(steps_per_epoch * epochs))
+    return RunLength(steps_per_epoch, total, math.ceil(total / steps_per_epoch))
 
 
 def lr_factor(config: OptimizerConfig, step: int, total_steps: int, steps_per_epoch: int) -> float:

@@ -226,6 +226,10 @@ class Trainer:
             "global_batch": self.loader.batch_size * self.world.world_size,
         }
 
+    def _length(self) -> optim.RunLength:
+        """This run's steps and epochs at its world size (a resize changes the steps per epoch)."""
+        return optim.run_length(len(self.loader), self.config.epochs)
+
     def _resumable_checkpoint(self) -> Path | None:
         """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
 
@@ -236,7 +240,7 @@ class Trainer:
         if path is None:
             return None
         why = checkpoints.resume_mismatch(
-            self.checkpointer.read_header(path), self._identity(), self.config.epochs
+            self.checkpointer.read_header(path), self._identity(), self._length().epochs
         )
         if why is None:
             return path
@@ -291,7 +295,7 @@ class Trainer:
             choice[0],
             self.restart_attempt,
             state.last_step_epoch,
-            self.config.epochs,
+            self._length().epochs,
             state.step,
             state.epoch_step or steps_per_epoch,
             steps_per_epoch,
@@ -333,7 +337,7 @@ class Trainer:
         self.reporter.report(
             progress_record(
                 self.state.epoch,
-                self.config.epochs,
+                self._length().epochs,
                 self.state.step,
                 loss=last.get("train_loss"),
                 accuracy=last.get("val_accuracy"),
@@ -345,24 +349,26 @@ class Trainer:
     def train(self) -> TrainResult:
         """Run the remaining epochs, then (rank 0) write the final artifacts."""
         config = self.config
-        steps_per_epoch = len(self.loader)
-        total_steps = steps_per_epoch * config.epochs
+        length = self._length()
+        steps_per_epoch, total_steps = length.steps_per_epoch, length.total_steps
         criterion = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
         meter = ThroughputMeter(
-            epochs=config.epochs,
+            epochs=length.epochs,
             steps_per_epoch=steps_per_epoch,
+            total_steps=total_steps,
             global_batch=self.loader.batch_size * self.world.world_size,
             log_every=config.log_every_steps,
             enabled=self.world.is_main,
         )
         log.info(
-            "training %s on %d images (%d validation), %d classes, %d epochs x %d steps, "
+            "training %s on %d images (%d validation), %d classes, %g epochs (%d steps of %d per epoch), "
             "global batch %d, device %s",
             config.model,
             len(self.train_data),
             len(self.val_data),
             len(self.classes),
             config.epochs,
+            total_steps,
             steps_per_epoch,
             self.loader.batch_size * self.world.world_size,
             self.device,
@@ -379,10 +385,10 @@ class Trainer:
         if self.resumed_from is not None and self.world.is_main:
             self._report_resume()
         first_epoch = self.state.epoch + 1
-        for epoch in range(first_epoch, config.epochs + 1):
+        for epoch in range(first_epoch, length.epochs + 1):
             started = time.perf_counter()
             meter.start_window()
-            steps = steps_per_epoch - self.state.epoch_step
+            steps = min(steps_per_epoch - self.state.epoch_step, total_steps - self.state.step)
             train_loss, train_acc, due = self._train_epoch(
                 epoch, steps_per_epoch, total_steps, criterion, meter=meter, trigger=trigger
             )
@@ -405,21 +411,21 @@ class Trainer:
             log.info(
                 "epoch %d/%d done: train loss %.4f acc %.4f, validation loss %.4f acc %.4f, %.0f img/s",
                 epoch,
-                config.epochs,
+                length.epochs,
                 train_loss,
                 train_acc,
                 val_loss,
                 report.accuracy,
                 steps * meter.global_batch / train_seconds,
             )
-            if due or epoch % config.checkpoint_every_epochs == 0 or epoch == config.epochs:
+            if due or epoch % config.checkpoint_every_epochs == 0 or epoch == length.epochs:
                 self._checkpoint(trigger)
             if self.world.is_main:
                 assert self.reporter is not None
                 self.reporter.report(
                     progress_record(
                         epoch,
-                        config.epochs,
+                        length.epochs,
                         self.state.step,
                         loss=train_loss,
                         accuracy=report.accuracy,
@@ -427,7 +433,7 @@ class Trainer:
                         resumed_from=self.resumed_from,
                     )
                 )
-        if first_epoch > config.epochs:  # nothing left to train: recompute the final report
+        if first_epoch > length.epochs:  # nothing left to train: recompute the final report
             _, report = self._validate()
         self.checkpointer.wait()
         if self.world.is_main:
@@ -471,11 +477,14 @@ class Trainer:
             correct += (outputs.detach().argmax(dim=1) == labels).sum()
             seen += len(labels)
             meter.step(epoch, self.state.epoch_step - 1, self.state.step - 1, loss.detach())
+            last = self.state.epoch_step == steps_per_epoch or self.state.step >= total_steps
             if trigger.due(self.state.step):
-                if self.state.epoch_step < steps_per_epoch:
-                    self._checkpoint_mid_epoch(loss_sum, correct, seen, trigger)
-                else:
+                if last:
                     due_at_end = True
+                else:
+                    self._checkpoint_mid_epoch(loss_sum, correct, seen, trigger)
+            if last:
+                break
         totals = torch.stack(
             [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device).double()]
         )
