@@ -49,3 +49,13 @@ def test_the_schedule_of_a_fractional_run_decays_over_its_own_steps() -> None:
     factors = [lr_factor(config, s, length.total_steps, 10) for s in range(length.total_steps)]
     assert factors[2] == 1.0  # the peak, at the end of the warmup
     assert factors[-1] == pytest.approx(1 / (15 - 3))  # one decay step from zero at the 15th step
+
+
+@pytest.mark.parametrize(
+    ("epochs", "steps_by_epoch"), [(3, [10, 10, 10]), (1.5, [10, 5]), (0.25, [2]), (2.96, [10, 10, 10])]
+)
+def test_every_epoch_but_a_fractional_runs_last_trains_all_its_steps(
+    epochs: float, steps_by_epoch: list[int]
+) -> None:
+    length = run_length(10, epochs)
+    assert [length.steps_in(epoch) for epoch in range(1, length.epochs + 1)] == steps_by_epoch

@@ -37,6 +37,16 @@ class RunLength(NamedTuple):
     total_steps: int
     epochs: int
 
+    def steps_in(self, epoch: int) -> int:
+        """Steps of epoch `epoch` (1-based): all of them but in a fractional run's last, its share.
+
+        Counted within the epoch, not against the run's total, so that a run resized midway (whose earlier
+        steps were of another size) still trains every epoch to its end.
+        """
+        if epoch < self.epochs:
+            return self.steps_per_epoch
+        return self.total_steps - (self.epochs - 1) * self.steps_per_epoch
+
 
 def run_length(steps_per_epoch: int, epochs: float) -> RunLength:
     """`epochs` passes of `steps_per_epoch` steps, a fraction rounded to whole steps (at least one).

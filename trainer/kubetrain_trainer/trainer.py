@@ -388,9 +388,9 @@ class Trainer:
         for epoch in range(first_epoch, length.epochs + 1):
             started = time.perf_counter()
             meter.start_window()
-            steps = min(steps_per_epoch - self.state.epoch_step, total_steps - self.state.step)
+            steps = max(0, length.steps_in(epoch) - self.state.epoch_step)
             train_loss, train_acc, due = self._train_epoch(
-                epoch, steps_per_epoch, total_steps, criterion, meter=meter, trigger=trigger
+                epoch, length, criterion, meter=meter, trigger=trigger
             )
             train_seconds = time.perf_counter() - started
             val_loss, report = self._validate()
@@ -443,8 +443,7 @@ class Trainer:
     def _train_epoch(
         self,
         epoch: int,
-        steps_per_epoch: int,
-        total_steps: int,
+        length: optim.RunLength,
         criterion: nn.Module,
         *,
         meter: ThroughputMeter,
@@ -452,6 +451,8 @@ class Trainer:
     ) -> tuple[float, float, bool]:
         """Train the rest of `epoch`; returns its loss and accuracy over all ranks, and whether the trigger
         asked for a checkpoint at its last step (taken after validation, with the epoch's history)."""
+        steps_per_epoch, total_steps = length.steps_per_epoch, length.total_steps
+        epoch_steps = length.steps_in(epoch)
         self.network.train()
         self.loader.set_epoch(epoch, self.state.epoch_step)
         # The partial epoch's totals are over all ranks: rank 0 carries them, the others start from 0.
@@ -461,6 +462,8 @@ class Trainer:
         seen = int(carried[2])
         due_at_end = False
         for images, labels in self.loader:
+            if self.state.epoch_step >= epoch_steps:  # a fractional run's last epoch ends early
+                break
             factor = optim.lr_factor(self.config.optimizer, self.state.step, total_steps, steps_per_epoch)
             optim.set_lr(self.optimizer, self.config.optimizer.lr, factor)
             with evaluation.autocast_for(self.device):
@@ -477,14 +480,11 @@ class Trainer:
             correct += (outputs.detach().argmax(dim=1) == labels).sum()
             seen += len(labels)
             meter.step(epoch, self.state.epoch_step - 1, self.state.step - 1, loss.detach())
-            last = self.state.epoch_step == steps_per_epoch or self.state.step >= total_steps
             if trigger.due(self.state.step):
-                if last:
-                    due_at_end = True
-                else:
+                if self.state.epoch_step < epoch_steps:
                     self._checkpoint_mid_epoch(loss_sum, correct, seen, trigger)
-            if last:
-                break
+                else:
+                    due_at_end = True
         totals = torch.stack(
             [loss_sum, correct.double(), torch.tensor(float(seen), device=self.device).double()]
         )
