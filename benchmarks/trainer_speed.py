@@ -412,6 +412,19 @@ def _share(seconds: float | None, seed: dict[str, Any]) -> str:
     return f"{seconds}s = {seconds / seed['wall_seconds']:.3f} of the seed's time"
 
 
+def _accuracy_by(run: dict[str, Any], seconds: float) -> float:
+    """The run's validation accuracy at the last epoch end within `seconds` (0 if none): a run that overran
+    its budget is judged by what it had reached when the budget ran out, not by its end."""
+    return max((point["val_accuracy"] for point in run["curve"] if point["seconds"] <= seconds), default=0.0)
+
+
+def _budget_figure(budget: dict[str, Any], seed: dict[str, Any]) -> str:
+    figure = f"{budget['val_accuracy']} in {budget['seconds']}s"
+    if budget["seconds"] > seed["wall_seconds"]:
+        figure += f" (overran; {_accuracy_by(budget, seed['wall_seconds'])} by {seed['wall_seconds']}s)"
+    return figure
+
+
 def _table_rows(results: dict[str, Any]) -> list[str]:
     rows = []
     seed = results.get("seed")
@@ -427,14 +440,14 @@ def _table_rows(results: dict[str, Any]) -> list[str]:
         limit = seed["wall_seconds"] * TARGETS["sprint_share"]
         share = f"<= 1/{SPRINT_SHARE} ({TARGETS['sprint_share']:.3f})"
         accuracy = TARGETS["budget_accuracy"]
+        budget_met = _accuracy_by(budget, seed["wall_seconds"]) >= accuracy
         rows += [
             f"| recipe sprint: time to seed's accuracy, decoding included | {_share(reach, seed)} | "
             f"{share} | {'yes' if reach and reach <= limit else 'no'} |",
             f"| recipe sprint: same, without the set-up (decoding) | {_share(reach_warm, seed)} | "
             f"{share} | {'yes' if reach_warm and reach_warm <= limit else 'no'} |",
-            f"| recipe budget: val acc at seed's wall time | {budget['val_accuracy']} "
-            f"in {budget['seconds']}s "
-            f"| >= {accuracy} | {'yes' if budget['val_accuracy'] >= accuracy else 'no'} |",
+            f"| recipe budget: val acc at seed's wall time | {_budget_figure(budget, seed)} "
+            f"| >= {accuracy} | {'yes' if budget_met else 'no'} |",
         ]
     ceiling = results.get("ceiling")
     if ceiling:
