@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -97,6 +98,9 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Twice, in full suites beside other CPU-heavy work, the run did not exit within 60 s of SIGINT
+        # (it passes alone). On a timeout SIGABRT makes faulthandler print where every thread was.
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"rank{r}-attempt0.json").exists() for r in range(2)):
@@ -110,7 +114,14 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     ]
     assert len(pids) == 2
     process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=60)
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        output, _ = process.communicate(timeout=30)
+        pytest.fail(
+            f"kubetrain run --local still ran 60 s after SIGINT; where its threads were:\n{output[-6000:]}"
+        )
     assert process.returncode != 0
     assert "Interrupted" in output
     assert not subprocess.run(
