@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from kubetrain_trainer.optim import RunLength
+
 log = logging.getLogger(__name__)
 
 
@@ -26,19 +28,10 @@ def format_duration(seconds: float) -> str:
 class ThroughputMeter:
     """Tracks global images/s and projects the time left for the remaining steps of the whole run."""
 
-    def __init__(
-        self,
-        *,
-        epochs: int,
-        steps_per_epoch: int,
-        total_steps: int,
-        global_batch: int,
-        log_every: int,
-        enabled: bool,
-    ) -> None:
-        self.epochs = epochs
-        self.steps_per_epoch = steps_per_epoch
-        self.total_steps = total_steps
+    def __init__(self, *, length: RunLength, global_batch: int, log_every: int, enabled: bool) -> None:
+        self.epochs = length.epochs
+        self.steps_per_epoch = length.steps_per_epoch
+        self.total_steps = length.total_steps
         self.global_batch = global_batch
         self.log_every = log_every
         self.enabled = enabled

@@ -350,12 +350,9 @@ class Trainer:
         """Run the remaining epochs, then (rank 0) write the final artifacts."""
         config = self.config
         length = self._length()
-        steps_per_epoch, total_steps = length.steps_per_epoch, length.total_steps
         criterion = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
         meter = ThroughputMeter(
-            epochs=length.epochs,
-            steps_per_epoch=steps_per_epoch,
-            total_steps=total_steps,
+            length=length,
             global_batch=self.loader.batch_size * self.world.world_size,
             log_every=config.log_every_steps,
             enabled=self.world.is_main,
@@ -368,8 +365,8 @@ class Trainer:
             len(self.val_data),
             len(self.classes),
             config.epochs,
-            total_steps,
-            steps_per_epoch,
+            length.total_steps,
+            length.steps_per_epoch,
             self.loader.batch_size * self.world.world_size,
             self.device,
         )
