@@ -48,6 +48,7 @@ FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "validation without any test-time views",
         {"eval_translate_tta": False, "eval_flip_tta": False},
     ),
+    "fp32": ("precision fp32 instead of bf16 autocast", {"precision": "fp32"}),
 }
 
 SPRINT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -63,6 +64,7 @@ SPRINT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "validation without any test-time views",
         {"eval_translate_tta": False, "eval_flip_tta": False},
     ),
+    "fp32": ("precision fp32 instead of bf16 autocast", {"precision": "fp32"}),
 }
 
 RECIPES = {"fast": (RECIPE_FILE, FAST_VARIANTS), "sprint": (SPRINT_FILE, SPRINT_VARIANTS)}
@@ -124,6 +126,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--width", type=int, help="override the recipe's width (the fast runs used 16)")
     parser.add_argument("--variants", help="comma-separated subset, in order (default: all of the recipe's)")
+    parser.add_argument("--suffix", default="", help="appended to the results file name")
     args = parser.parse_args()
     recipe, variants = RECIPES[args.recipe]
     chosen = [name for name in (args.variants or ",".join(variants)).split(",") if name]
@@ -143,6 +146,7 @@ def main() -> None:
         "runs": [],
     }
     name = "trainer-recipe-ablation" + ("" if args.recipe == "fast" else f"-{args.recipe}")
+    name += f"-{args.suffix}" if args.suffix else ""
     out = args.work / "ablation-output"
     base = {"epochs": args.epochs, **({"width": args.width} if args.width else {})}
     for number, variant in enumerate(order):

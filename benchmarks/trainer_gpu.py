@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kubetrain_trainer import batches, datasets, models
+from kubetrain_trainer import batches, datasets, models, precision
 from kubetrain_trainer.distributed import WorldEnv
-from kubetrain_trainer.evaluation import autocast_for
 from kubetrain_trainer.preprocessing import fit_preprocessing
 from kubetrain_trainer.trainer import Trainer
 from torch import nn
@@ -131,7 +130,7 @@ def run_ceiling(root: Path, device: torch.device, *, width: int, batch: int, ste
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 started = time.perf_counter()
-            with autocast_for(device):
+            with precision.autocast(device, precision.compute_dtype("auto", device)):
                 loss = nn.functional.cross_entropy(model(images).float(), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -189,7 +189,7 @@ def _device(name: str) -> Any:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a model file on a split of a dataset and print accuracy with the per-class table."""
-    from kubetrain_trainer import artifacts, datasets, evaluation
+    from kubetrain_trainer import artifacts, datasets, evaluation, precision
     from kubetrain_trainer.metrics import ClassReport
 
     logging_setup.configure()
@@ -210,6 +210,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         device=device,
         batch_size=args.batch_size,
         flip_tta=args.tta,
+        dtype=precision.compute_dtype(trained.config.precision, device),
     )
     report = ClassReport(trained.classes, result.matrix)
     if args.json:

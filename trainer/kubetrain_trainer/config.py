@@ -180,6 +180,15 @@ class TrainerConfig(_Strict):
         "auto",
         description="device is where training runs; auto picks cuda when a GPU is visible. Default auto.",
     )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description=(
+            "precision is the type convolutions and matrix products run in: bf16 autocast (batch-norm "
+            "statistics, loss and optimiser stay fp32) or fp32. auto is bf16 on a GPU and fp32 on CPU. "
+            "Set bf16 on CPUs with AMX (Intel Sapphire Rapids and later): 2-3x faster training there; "
+            "on CPUs without it bf16 is slower than fp32. Default auto."
+        ),
+    )
     compile: bool = Field(False, description="compile wraps the model in torch.compile. Default false.")
     output_dir: str = Field(
         "/output",
@@ -279,6 +288,7 @@ RESUME_NEUTRAL_FIELDS = frozenset(
         "output_dir",
         "device",
         "compile",
+        "precision",
         "checkpoint_every_epochs",
         "checkpoint_every_seconds",
         "checkpoint_every_steps",

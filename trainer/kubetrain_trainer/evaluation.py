@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional
 
-from kubetrain_trainer import batches
+from kubetrain_trainer import batches, precision
 from kubetrain_trainer.datasets import LabeledImages
 from kubetrain_trainer.preprocessing import Preprocessing
-
-
-def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[object]:
-    """bf16 autocast on GPUs (tensor cores, no loss scaling needed); full precision on CPU.
-
-    On CPU, bf16 autocast is slower than fp32 on most cores without AMX, so it stays off.
-    """
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def test_time_views(
@@ -43,11 +32,17 @@ def test_time_views(
 
 
 def log_probabilities(
-    model: nn.Module, images: torch.Tensor, flip_tta: bool, translate_tta: bool = False
+    model: nn.Module,
+    images: torch.Tensor,
+    flip_tta: bool,
+    translate_tta: bool = False,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Log-softmax over classes, averaged in probability space over the `test_time_views` when asked."""
+    """Log-softmax over classes, averaged in probability space over the `test_time_views` when asked;
+    the forward passes run in `dtype` (see `precision`), the averaging in fp32."""
     views = test_time_views(images, flip_tta, translate_tta)
-    with autocast_for(images.device):
+    with precision.autocast(images.device, dtype):
         if len(views) == 1:
             return functional.log_softmax(model(images).float(), dim=1)
         probs = sum(weight * functional.softmax(model(view).float(), dim=1) for weight, view in views)
@@ -80,6 +75,7 @@ def evaluate(
     batch_size: int,
     flip_tta: bool = False,
     translate_tta: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> EvalResult:
     """Loss, confusion matrix and top-1 predictions of `model` on `data` (in eval mode, restored after)."""
     was_training = model.training
@@ -89,7 +85,7 @@ def evaluate(
     loss_sum, count = 0.0, 0
     predictions, scores = [], []
     for images, labels in batches.eval_batches(data, preprocessing, batch_size, device):
-        log_probs = log_probabilities(model, images, flip_tta, translate_tta)
+        log_probs = log_probabilities(model, images, flip_tta, translate_tta, dtype=dtype)
         loss_sum += float(functional.nll_loss(log_probs, labels, reduction="sum"))
         count += len(labels)
         top_score, top = log_probs.exp().max(dim=1)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kubetrain_trainer import evaluation, preprocessing
+from kubetrain_trainer import evaluation, precision, preprocessing
 from kubetrain_trainer.artifacts import TrainedModel
 from kubetrain_trainer.datasets import IMAGE_EXTENSIONS
 from kubetrain_trainer.failures import DataError
@@ -67,7 +67,9 @@ def predict_files(
         chunk = paths[start : start + batch_size]
         images = prep.normalize(load_images(chunk, prep.image_size).to(device))
         images = images.contiguous(memory_format=torch.channels_last)
-        scores, labels = evaluation.log_probabilities(trained.model, images, flip_tta).exp().max(dim=1)
+        dtype = precision.compute_dtype(trained.config.precision, device)
+        log_probs = evaluation.log_probabilities(trained.model, images, flip_tta, dtype=dtype)
+        scores, labels = log_probs.exp().max(dim=1)
         for path, label, score in zip(chunk, labels.tolist(), scores.tolist(), strict=True):
             results.append(Prediction(str(path), label, trained.classes[label], round(score, 6)))
     return results

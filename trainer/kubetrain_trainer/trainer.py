@@ -26,6 +26,7 @@ from kubetrain_trainer import (
     models,
     optim,
     plots,
+    precision,
     provenance,
 )
 from kubetrain_trainer import config as config_module
@@ -151,8 +152,11 @@ class Trainer:
         self.restart_attempt = restart_attempt
         self.job_dir = Path(config.output_dir) / job_name
         self.device = select_device(config, world)
+        self.dtype = precision.compute_dtype(config.precision, self.device)
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(config, world))
+            if self.dtype == torch.float32 and precision.cpu_has_amx() and world.is_main:
+                log.info("this CPU has AMX: precision bf16 would train convolutions 2-3x faster than fp32")
         else:
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True
@@ -359,7 +363,7 @@ class Trainer:
         )
         log.info(
             "training %s on %d images (%d validation), %d classes, %g epochs (%d steps of %d per epoch), "
-            "global batch %d, device %s",
+            "global batch %d, device %s in %s",
             config.model,
             len(self.train_data),
             len(self.val_data),
@@ -369,6 +373,7 @@ class Trainer:
             length.steps_per_epoch,
             self.loader.batch_size * self.world.world_size,
             self.device,
+            str(self.dtype).removeprefix("torch."),
         )
         report = ClassReport(
             self.classes, torch.zeros(len(self.classes), len(self.classes), dtype=torch.int64)
@@ -463,7 +468,7 @@ class Trainer:
                 break
             factor = optim.lr_factor(self.config.optimizer, self.state.step, total_steps, steps_per_epoch)
             optim.set_lr(self.optimizer, self.config.optimizer.lr, factor)
-            with evaluation.autocast_for(self.device):
+            with precision.autocast(self.device, self.dtype):
                 outputs = self.network(images)
             loss = criterion(outputs.float(), labels)
             self.optimizer.zero_grad(set_to_none=True)
@@ -513,6 +518,7 @@ class Trainer:
             batch_size=_EVAL_BATCH,
             flip_tta=self.config.eval_flip_tta,
             translate_tta=self.config.eval_translate_tta,
+            dtype=self.dtype,
         )
         packed = torch.cat(
             [
@@ -547,7 +553,7 @@ class Trainer:
         sample = self.val_data.subset(torch.linspace(0, len(self.val_data) - 1, 16).long().unique())
         if len(sample):
             predicted = evaluation.evaluate(
-                self.model, sample, self.preprocessing, device=self.device, batch_size=16
+                self.model, sample, self.preprocessing, device=self.device, batch_size=16, dtype=self.dtype
             ).predictions
             plots.prediction_grid(
                 job_dir / "predictions.png", sample.images, sample.labels, predicted, self.classes

@@ -1,0 +1,37 @@
+"""The floating-point type convolutions and matrix products run in (`TrainerConfig.precision`).
+
+bf16 autocast halves the bytes each convolution moves and runs on the bf16 units of GPUs and of CPUs
+with AMX (Intel Sapphire Rapids and later), where whitened_cnn trains 2-3x faster than in fp32 on two
+cores (benchmarks/results/trainer-speed-bf16.md). Batch-norm statistics, the loss and the optimiser stay
+fp32 under autocast, so no loss scaling is needed. On CPUs without AMX, bf16 is emulated or half-speed,
+which is why `auto` keeps the CPU in fp32 and only names the faster choice in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+Precision = Literal["auto", "fp32", "bf16"]
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles, the units that make bf16 convolutions faster than fp32 ones."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
+def compute_dtype(precision: Precision, device: torch.device) -> torch.dtype:
+    """bf16 when asked, or for `auto` on a GPU; fp32 otherwise (so `auto` on CPU is bit-for-bit fp32)."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[object]:
+    """Autocast to `dtype` on `device`, or nothing at all for fp32 (no autocast bookkeeping per op)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
