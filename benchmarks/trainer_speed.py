@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 import yaml
-from kubetrain_trainer import batches, datasets, models
+from kubetrain_trainer import batches, datasets, models, precision
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
@@ -202,10 +202,11 @@ def recipe_config(
 
 
 def _recipe_rate(root: Path, config: TrainerConfig) -> float:
-    """Training images/s of `config`, to size its schedule to a time budget: 30 steps timed after 10
-    warm-up steps (the first steps run slower while allocators and thread pools warm up; with 10 after 3,
-    the quiet run of 2026-12-04 probed 635 img/s for a run that trained at 805 and so used 69 % of its
-    budget), on the decoded images (cached for this probe only: the timed run decodes afresh)."""
+    """Training images/s of `config` (in its precision), to size its schedule to a time budget: 30 steps
+    timed after 10 warm-up steps (the first steps run slower while allocators and thread pools warm up;
+    with 10 after 3, the quiet run of 2026-12-04 probed 635 img/s for a run that trained at 805 and so
+    used 69 % of its budget), on the decoded images (cached for this probe only: the timed run decodes
+    afresh)."""
     train, _ = datasets.split_validation(
         datasets.load_image_folder(root, 32, cache=True), config.data.validation_fraction
     )
@@ -223,12 +224,16 @@ def _recipe_rate(root: Path, config: TrainerConfig) -> float:
         crop_padding=config.crop_padding,
         flip=config.flip,
     )
+    cpu = torch.device("cpu")
+    dtype = precision.compute_dtype(config.precision, cpu)
     warmup, timed = 10, 30
     started = 0.0
     for step, (images, labels) in enumerate(loader):
         if step == warmup:
             started = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(images), labels)
+        with precision.autocast(cpu, dtype):
+            outputs = model(images)
+        loss = nn.functional.cross_entropy(outputs.float(), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
