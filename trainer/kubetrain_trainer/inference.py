@@ -63,11 +63,11 @@ def predict_files(
     """Top-1 prediction per file, `batch_size` images per forward pass."""
     prep = trained.preprocessing
     results: list[Prediction] = []
+    dtype = precision.compute_dtype(trained.config.precision, device)
     for start in range(0, len(paths), batch_size):
         chunk = paths[start : start + batch_size]
         images = prep.normalize(load_images(chunk, prep.image_size).to(device))
         images = images.contiguous(memory_format=torch.channels_last)
-        dtype = precision.compute_dtype(trained.config.precision, device)
         log_probs = evaluation.log_probabilities(trained.model, images, flip_tta, dtype=dtype)
         scores, labels = log_probs.exp().max(dim=1)
         for path, label, score in zip(chunk, labels.tolist(), scores.tolist(), strict=True):

@@ -2,7 +2,7 @@
 
 bf16 autocast halves the bytes each convolution moves and runs on the bf16 units of GPUs and of CPUs
 with AMX (Intel Sapphire Rapids and later), where whitened_cnn trains 2-3x faster than in fp32 on two
-cores (benchmarks/results/trainer-speed-bf16.md). Batch-norm statistics, the loss and the optimiser stay
+cores (the fast CPU recipe in this package's README). Batch-norm statistics, the loss and the optimiser stay
 fp32 under autocast, so no loss scaling is needed. On CPUs without AMX, bf16 is emulated or half-speed,
 which is why `auto` keeps the CPU in fp32 and only names the faster choice in the log.
 """
