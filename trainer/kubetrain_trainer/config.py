@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+Precision = Literal["auto", "fp32", "bf16"]
+"""What `TrainerConfig.precision` accepts; `precision.compute_dtype` turns it into a torch dtype."""
+
 
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo in a manifest must not silently fall back to a default."""
@@ -180,7 +183,7 @@ class TrainerConfig(_Strict):
         "auto",
         description="device is where training runs; auto picks cuda when a GPU is visible. Default auto.",
     )
-    precision: Literal["auto", "fp32", "bf16"] = Field(
+    precision: Precision = Field(
         "auto",
         description=(
             "precision is the type convolutions and matrix products run in: bf16 autocast (batch-norm "

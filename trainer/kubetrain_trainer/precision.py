@@ -10,11 +10,10 @@ which is why `auto` keeps the CPU in fp32 and only names the faster choice in th
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
 
 import torch
 
-Precision = Literal["auto", "fp32", "bf16"]
+from kubetrain_trainer.config import Precision
 
 
 def cpu_has_amx() -> bool:
