@@ -39,8 +39,8 @@ import torch.multiprocessing as mp
 from kubetrain_trainer import models, optim
 from kubetrain_trainer.checkpoint_trigger import CLOCK_CHECK_STEPS
 from kubetrain_trainer.checkpoints import Checkpointer
+from kubetrain_trainer.components.training_state import TrainState
 from kubetrain_trainer.config import OptimizerConfig
-from kubetrain_trainer.trainer import TrainState
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

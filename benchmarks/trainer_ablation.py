@@ -29,7 +29,7 @@ import yaml
 from kubetrain_trainer import datasets
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
-from kubetrain_trainer.trainer import Trainer
+from kubetrain_trainer.trainer import build_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_speed import RECIPE_FILE, RESULTS, SPRINT_FILE, machine_info, prepare_data, recipe_config
@@ -77,7 +77,7 @@ def run_variant(
     config = recipe_config(root, out, deep_merge(overrides, {"data": {"cache_decoded": True}}), recipe)
     shutil.rmtree(out / label, ignore_errors=True)  # a previous run's checkpoints would make this one resume
     started = time.perf_counter()
-    history = Trainer(config, WorldEnv(), label).train().history
+    history = build_trainer(config, WorldEnv(), label).train().history
     return {
         "val_accuracy": round(history[-1]["val_accuracy"], 4),
         "train_seconds": round(sum(epoch["train_seconds"] for epoch in history), 1),

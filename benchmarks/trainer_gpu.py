@@ -33,7 +33,7 @@ import torch
 from kubetrain_trainer import batches, datasets, models, precision
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.preprocessing import fit_preprocessing
-from kubetrain_trainer.trainer import Trainer
+from kubetrain_trainer.trainer import build_trainer
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,7 +91,7 @@ def run_training(root: Path, out: Path, label: str, overrides: dict[str, Any], d
     config = recipe_config(root, out, {**overrides, "device": device})
     shutil.rmtree(out / label, ignore_errors=True)
     started = time.perf_counter()
-    trainer = Trainer(config, WorldEnv(), label)
+    trainer = build_trainer(config, WorldEnv(), label)
     setup = time.perf_counter() - started
     history = trainer.train().history
     train_seconds = sum(epoch["train_seconds"] for epoch in history)

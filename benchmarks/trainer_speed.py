@@ -46,7 +46,7 @@ from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.preprocessing import fit_preprocessing
-from kubetrain_trainer.trainer import Trainer
+from kubetrain_trainer.trainer import build_trainer
 from torch import nn
 
 VAL_PER_CLASS = 500
@@ -260,7 +260,7 @@ def run_recipe(
     print(f"{label}: {epochs} epochs (measured {rate:.0f} img/s)", flush=True)
     shutil.rmtree(out / label, ignore_errors=True)  # a previous run's checkpoints would make this one resume
     started, cpu_started = time.perf_counter(), time.process_time()
-    trainer = Trainer(config, WorldEnv(), label)
+    trainer = build_trainer(config, WorldEnv(), label)
     setup_seconds = time.perf_counter() - started
     history = trainer.train().history
     cpu = time.process_time() - cpu_started
@@ -282,7 +282,7 @@ def run_recipe(
         "setup_seconds": round(setup_seconds, 1),
         "seconds": round(elapsed, 1),
         "cpu_seconds": round(cpu, 1),
-        "images_per_second": round(len(trainer.train_data) * epochs / (elapsed - setup_seconds), 1),
+        "images_per_second": round(len(trainer.data.train) * epochs / (elapsed - setup_seconds), 1),
         "val_accuracy": round(history[-1]["val_accuracy"], 4),
         "seconds_to_seed_accuracy": reached,
         "seconds_to_seed_accuracy_excluding_setup": reached_training_only,

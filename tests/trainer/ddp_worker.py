@@ -10,7 +10,7 @@ import os
 
 import torch
 from kubetrain_trainer import config_loading, distributed, logging_setup
-from kubetrain_trainer.trainer import Trainer
+from kubetrain_trainer.trainer import build_trainer
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
     config = config_loading.load_config(None, {})
     distributed.init_process_group(world, "gloo", 60, 120)
     try:
-        trainer = Trainer(config, world, os.environ["KUBETRAIN_JOB_NAME"])
+        trainer = build_trainer(config, world, os.environ["KUBETRAIN_JOB_NAME"])
         trainer.train()
         # Rank 0 creates the job directory when it saves; another rank may get here first.
         trainer.job_dir.mkdir(parents=True, exist_ok=True)

@@ -162,7 +162,8 @@ def run_train(args: argparse.Namespace) -> int:
     logging_setup.configure(world.rank, args.verbose)
     config = config_loading.load_config(args.config, train_overrides(args))
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    from kubetrain_trainer.trainer import Trainer, select_device
+    from kubetrain_trainer.components.placement import select_device
+    from kubetrain_trainer.trainer import build_trainer
 
     backend = "nccl" if select_device(config, world).type == "cuda" else "gloo"
     try:
@@ -171,7 +172,8 @@ def run_train(args: argparse.Namespace) -> int:
         )
         job_name = os.environ.get(contract.JOB_NAME) or DEFAULT_JOB_NAME
         attempt = int(os.environ.get(contract.RESTART_ATTEMPT) or 0)
-        result = Trainer(config, world, job_name, os.environ.get(contract.JOB_UID, ""), attempt).train()
+        trainer = build_trainer(config, world, job_name, os.environ.get(contract.JOB_UID, ""), attempt)
+        result = trainer.train()
         log.info("done: validation accuracy %.4f, artifacts in %s", result.report.accuracy, result.job_dir)
         return 0
     finally:

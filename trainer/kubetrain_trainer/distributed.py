@@ -254,3 +254,13 @@ def destroy_process_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def all_reduce_sum(values: torch.Tensor, world: WorldEnv) -> torch.Tensor:
+    """`values` summed in place over all ranks: loss totals and confusion matrices are added before dividing,
+    so every rank reports the whole group's figure. A collective: every rank calls it at the same point."""
+    if world.distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(values)
+    return values

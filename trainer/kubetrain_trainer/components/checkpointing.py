@@ -1,0 +1,132 @@
+"""The run's checkpoints: which one it may resume, and writing them at epoch ends and mid-epoch when due.
+
+Every rank calls `due` and the saves at the same steps, because both may hold collectives (the trigger's
+clock flag, the partial epoch's totals); only rank 0 writes. The identity stored with every checkpoint
+decides whether a later process may resume from it (`checkpoints.resume_mismatch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kubetrain_trainer import checkpoints
+from kubetrain_trainer import config as config_module
+from kubetrain_trainer.checkpoint_trigger import CheckpointTrigger
+from kubetrain_trainer.checkpoints import Checkpointer
+from kubetrain_trainer.components.training_state import CheckpointedState
+from kubetrain_trainer.config import TrainerConfig
+from kubetrain_trainer.distributed import WorldEnv, all_reduce_sum
+
+log = logging.getLogger(__name__)
+
+
+def run_identity(
+    config: TrainerConfig, world: WorldEnv, job_uid: str, classes: list[str], global_batch: int
+) -> dict[str, Any]:
+    """What a checkpoint must share with this run to be resumed (see `checkpoints.resume_mismatch`); the
+    world size and global batch only say how to carry a mid-epoch position over."""
+    return {
+        "job_uid": job_uid,
+        "classes": list(classes),
+        "config": config_module.resume_identity(config),
+        "world_size": world.world_size,
+        "global_batch": global_batch,
+    }
+
+
+class CheckpointManager:
+    """Rank 0's checkpoint directory and the trigger that says when to write between epoch ends."""
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        trigger: CheckpointTrigger,
+        identity: dict[str, Any],
+        world: WorldEnv,
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.trigger = trigger
+        self.identity = identity
+        self.world = world
+
+    @classmethod
+    def for_run(
+        cls,
+        config: TrainerConfig,
+        world: WorldEnv,
+        device: torch.device,
+        job_dir: Path,
+        identity: dict[str, Any],
+    ) -> CheckpointManager:
+        """The manager of the job's `checkpoints/` with the configured keep count and intervals."""
+        trigger = CheckpointTrigger(
+            every_steps=config.checkpoint_every_steps,
+            every_seconds=config.checkpoint_every_seconds,
+            distributed=world.distributed,
+            device=device,
+        )
+        return cls(Checkpointer(job_dir / "checkpoints", config.keep_checkpoints), trigger, identity, world)
+
+    def find_resumable(self, epochs: int) -> Path | None:
+        """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
+
+        The directory is keyed by the job's name, which a new TrainingJob may reuse; another job's (or
+        config's) checkpoints are deleted so that later restarts of this job never pick them up.
+        """
+        path = self.checkpointer.newest_valid()
+        if path is None:
+            return None
+        why = checkpoints.resume_mismatch(self.checkpointer.read_header(path), self.identity, epochs)
+        if why is None:
+            return path
+        removed = self.checkpointer.discard()
+        log.warning(
+            "not resuming from checkpoint %s: %s; starting fresh (removed %d old checkpoints)",
+            path,
+            why,
+            len(removed),
+        )
+        return None
+
+    def load(self, path: Path, state: CheckpointedState) -> dict[str, Any]:
+        """Restore `state` from `path` on this rank; the checkpoint's header (epoch, step, who wrote it)."""
+        return self.checkpointer.load(path, state.components())
+
+    def start_clock(self) -> None:
+        """Count the time interval from the start of training, not from set-up (decoding, resume)."""
+        self.trigger.restart()
+
+    def due(self, step: int) -> bool:
+        """Whether to checkpoint after `step` optimizer steps (the same answer on every rank)."""
+        return self.trigger.due(step)
+
+    def save(self, state: CheckpointedState) -> None:
+        """Every rank calls this at the same step; rank 0 copies the state and writes it in the background."""
+        self.trigger.restart()
+        if not self.world.is_main:
+            return
+        progress = state.progress
+        extra = {**self.identity, "epoch_step": progress.epoch_step}
+        started = time.perf_counter()
+        path = self.checkpointer.save_in_background(
+            progress.last_step_epoch, progress.step, state.components(), extra
+        )
+        log.info(
+            "checkpoint %s: training paused %.3fs to copy the state, writing it in the background",
+            path.name,
+            time.perf_counter() - started,
+        )
+
+    def save_mid_epoch(self, partial_totals: torch.Tensor, state: CheckpointedState) -> None:
+        """Record the partial epoch's totals summed over all ranks, then save (collectives: every rank)."""
+        state.progress.epoch_totals = all_reduce_sum(partial_totals, self.world).tolist()
+        self.save(state)
+
+    def wait(self) -> None:
+        """Block until the checkpoint being written, if any, is on disk (before the final artifacts)."""
+        self.checkpointer.wait()
