@@ -1,0 +1,66 @@
+"""The checkpoint manager saves the run's state with who wrote it, finds the checkpoint this run may resume,
+deletes another job's, and records a partial epoch's totals with a mid-epoch checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kubetrain_trainer.components.checkpointing import CheckpointManager, run_identity
+from kubetrain_trainer.components.training_state import CheckpointedState, TrainState
+from kubetrain_trainer.config import TrainerConfig
+from kubetrain_trainer.distributed import WorldEnv
+
+pytestmark = pytest.mark.unit
+
+CONFIG = TrainerConfig(epochs=3, checkpoint_every_steps=4, checkpoint_every_seconds=0)
+
+
+def _manager(job_dir: Path, job_uid: str = "uid-1") -> CheckpointManager:
+    identity = run_identity(CONFIG, WorldEnv(), job_uid, ["cat", "dog"], global_batch=8)
+    return CheckpointManager.for_run(CONFIG, WorldEnv(), torch.device("cpu"), job_dir, identity)
+
+
+def _state(weight: float, **progress: int) -> CheckpointedState:
+    model = torch.nn.Linear(2, 2)
+    torch.nn.init.constant_(model.weight, weight)
+    return CheckpointedState(model, torch.optim.SGD(model.parameters(), lr=0.1), None, TrainState(**progress))
+
+
+def test_a_checkpoint_of_this_job_resumes_with_its_state_and_who_wrote_it(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    manager.save(_state(0.5, epoch=1, step=10, epoch_step=2))
+    manager.wait()
+    path = manager.find_resumable(CONFIG.epochs)
+    assert path is not None and path.name == "epoch-000002-step-0000000010.pt"
+    restored = _state(0.0)
+    header = manager.load(path, restored)
+    assert torch.all(restored.model.weight == 0.5)
+    assert (restored.progress.epoch, restored.progress.step, restored.progress.epoch_step) == (1, 10, 2)
+    assert header["job_uid"] == "uid-1" and header["global_batch"] == 8 and header["epoch_step"] == 2
+
+
+def test_another_jobs_checkpoints_are_deleted_and_the_run_starts_fresh(tmp_path: Path) -> None:
+    previous = _manager(tmp_path, job_uid="old-uid")
+    previous.save(_state(0.5, epoch=1, step=8))
+    previous.wait()
+    manager = _manager(tmp_path, job_uid="new-uid")
+    assert manager.find_resumable(CONFIG.epochs) is None
+    assert manager.checkpointer.candidates() == []
+
+
+def test_a_mid_epoch_save_records_the_partial_epoch_totals(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    state = _state(0.5, step=4, epoch_step=4)
+    manager.save_mid_epoch(torch.tensor([6.0, 20.0, 32.0], dtype=torch.float64), state)
+    manager.wait()
+    assert state.progress.epoch_totals == [6.0, 20.0, 32.0]
+    restored = _state(0.0)
+    manager.load(manager.checkpointer.path_for(1, 4), restored)
+    assert restored.progress.epoch_totals == [6.0, 20.0, 32.0]
+
+
+def test_checkpoints_are_due_every_configured_number_of_steps(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    assert [step for step in range(1, 10) if manager.due(step)] == [4, 8]
