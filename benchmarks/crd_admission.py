@@ -55,7 +55,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import operator_scale  # noqa: E402
 import peers  # noqa: E402
-from kubetrain_operator import api, constants, crdgen  # noqa: E402
+from kubetrain_operator import api  # noqa: E402
+from kubetrain_operator.api import constants, crdgen  # noqa: E402
 from testcluster import waiting  # noqa: E402
 from testcluster.cluster import Cluster, start_cluster  # noqa: E402
 

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from kubetrain_operator import constants  # noqa: E402
+from kubetrain_operator.api import constants  # noqa: E402
 from operator_scale import TJ_PATH, Api, Operator, machine  # noqa: E402
 from testcluster.cluster import Cluster, start_cluster  # noqa: E402
 from testcluster.manifests import trainingjob  # noqa: E402

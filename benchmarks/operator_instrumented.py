@@ -216,7 +216,7 @@ def main() -> None:
     state_path = os.environ.get("KUBETRAIN_BENCH_STATE")
     if state_path:
         from kopf._core.reactor import inventory
-        from kubetrain_operator import cache, controller, events
+        from kubetrain_operator.runtime import cache, controller, events
 
         _keep_instances(controller.Controller, "controller")
         _keep_instances(cache.ClusterCache, "cache")

@@ -54,7 +54,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from kubetrain_operator import api, builders, constants  # noqa: E402
+from kubetrain_operator import api  # noqa: E402
+from kubetrain_operator.api import constants  # noqa: E402
+from kubetrain_operator.planning import builders  # noqa: E402
 from testcluster.cluster import Cluster, start_cluster  # noqa: E402
 from testcluster.operator_process import install_crd  # noqa: E402
 

@@ -59,7 +59,7 @@ import urllib3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kubetrain_operator import constants
+from kubetrain_operator.api import constants
 from operator_scale import (
     CONTROL_PLANE_ARGS,
     REPO,

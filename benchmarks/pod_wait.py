@@ -55,7 +55,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import operator_scale  # noqa: E402
 import peers  # noqa: E402
-from kubetrain_operator import api, builders, constants  # noqa: E402
+from kubetrain_operator import api  # noqa: E402
+from kubetrain_operator.api import constants  # noqa: E402
+from kubetrain_operator.planning import builders  # noqa: E402
 from testcluster import cluster as cluster_module  # noqa: E402
 from testcluster.cluster import Cluster  # noqa: E402
 from testcluster.operator_process import install_crd  # noqa: E402
@@ -161,7 +163,8 @@ class Operator:
 
 def operator_main(variant: str, argv: list[str]) -> int:
     """The operator, with one part switched off for an experiment (never in the shipped operator)."""
-    from kubetrain_operator import cli, informer, kube
+    from kubetrain_operator import cli
+    from kubetrain_operator.runtime import informer, kube
 
     if variant == "operator-no-status":
 

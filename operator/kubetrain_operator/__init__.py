@@ -1,25 +1,23 @@
 """kubetrain's operator: the TrainingJob API and the controller that runs it under kopf.
 
-Modules, in order: each imports only modules listed before it (and the torch-free parts of the trainer
-package: its config, contract, exit codes and termination records). `tests/operator/test_operator_layers.py`
-holds the code to this order.
+The package's folders are its layers; a module imports only the modules listed before it in its own
+folder's docstring and the folders below its own, never its own folder's face, so no import goes round
+in a circle (`tests/operator/test_operator_layers.py` holds the code to this):
 
-- The API: `constants`, `api` (the pydantic models, the one source of truth for the CRD), `names`.
-- The pure core, no I/O: `fieldpaths` (a child's field path said as the TrainingJob's field), `observe`
-  (reading child objects), `status`, `failure`, `gang` (which gang scheduler, and its group names),
-  `builders` (child manifests), `admission` (what the operator's flags let a spec ask for), `queueing`
-  (Kueue: the Workload of a queued TrainingJob and what its status means), `reconcile` (the planner:
-  spec + observed children -> plan) with `membership` (its policy for elastic jobs, which builds on
-  reconcile's plan types, so the two import each other), `crdgen` and `apidocs` (the CRD YAML and its
-  docs, from the models: `kubetrain crds` writes both).
-- The I/O shell: `kube` (the REST client), `leader` (Lease election: pure decisions and the requests
-  that act on them), `cache`, `informer` (watches of the children into the cache), `events`, `metrics`,
-  `manifests` (TrainingJob manifests read from files, `kubetrain validate`), `localrun` (local mode: a
-  TrainingJob's workers as local processes) with `localelastic` (local mode for elastic jobs; the second
-  pair that import each other), `workeridentity` (the workers' ServiceAccount, created where they run),
-  `workqueue` (which TrainingJob is reconciled next, and when), `controller` (plan execution),
-  `handlers` (kopf handlers that only feed the cache and the queue), `main` (settings and start) and
-  `cli`.
+- `api/`: the TrainingJob API. The pydantic models (the one source of truth for the CRD), names of
+  children, field paths, and the CRD and API reference generated from the models. Pure.
+- `planning/`: the pure core, no I/O. Reading children, status, the failure and success policies, child
+  manifests, Kueue's admission, and the planner (spec + observed children -> a plan) with one module per
+  group policy (`whole_group`, `elastic_group`) over the steps they share (`steps`).
+- `runtime/`: the I/O shell on a cluster. The REST client, leader election, the child cache and its
+  watches, events, metrics, the work queue, the controller that executes plans, kopf's handlers, start.
+- `local/`: the same TrainingJob without a cluster: manifests read from files, and `kubetrain run
+  --local` running the workers as processes (a fixed group or an elastic one). Beside `runtime/`: neither
+  imports the other.
+- `cli` on top: the `kubetrain` command.
+
+The operator imports only the torch-free parts of the trainer package (its config, contract, exit codes
+and termination records): it installs and runs without torch.
 """
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ def _comma_list(value: str) -> list[str]:
 
 
 def _volume_types(value: str) -> list[str]:
-    from kubetrain_operator.admission import VOLUME_TYPES
+    from kubetrain_operator.planning.admission import VOLUME_TYPES
 
     names = _comma_list(value)
     unknown = [name for name in names if name not in VOLUME_TYPES]
@@ -40,7 +40,7 @@ def _volume_types(value: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from kubetrain_operator.main import LOG_FORMATS, Options
+    from kubetrain_operator.runtime.main import LOG_FORMATS, Options
 
     try:
         env = Options.from_env()  # the flags' defaults
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "operator" and args.worker_cluster_role and not args.worker_service_account:
         parser.error("--worker-cluster-role needs --worker-service-account: the account it binds the role to")
     if args.command == "crds":
-        from kubetrain_operator import apidocs, crdgen
+        from kubetrain_operator.api import apidocs, crdgen
 
         if args.stdout:
             sys.stdout.write(crdgen.render())
@@ -223,19 +223,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     if args.command == "operator":
-        from kubetrain_operator.main import Options, run
+        from kubetrain_operator.runtime.main import Options, run
 
         options = Options.from_args(args)
         run(options)
         return 0
     if args.command == "validate":
-        from kubetrain_operator import manifests
+        from kubetrain_operator.local import manifests
 
         return manifests.validate(args.filename)
     if args.command == "run":
-        from kubetrain_operator import localrun
+        from kubetrain_operator.local import command
 
-        return localrun.main(args.filename, args.mount, args.workdir)
+        return command.main(args.filename, args.mount, args.workdir)
     return 2
 
 

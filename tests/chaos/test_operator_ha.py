@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from chaos_support import StatusHistory, all_in_phase, statuses, submit, trainingjob, wait_until, writes_by
-from kubetrain_operator import main
+from kubetrain_operator.runtime import main
 from testcluster.cluster import Cluster
 from testcluster.operator_process import CreationCounter, OperatorProcess
 from testcluster.waiting import wait_for

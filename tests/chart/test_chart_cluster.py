@@ -36,7 +36,7 @@ from chartkit import (
     helm,
     values_file,
 )
-from kubetrain_operator import builders
+from kubetrain_operator.planning import builders
 from kubetrain_trainer import contract, progress
 from testcluster import processes, workload
 from testcluster.cluster import Cluster

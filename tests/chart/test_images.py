@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from chartkit import REPO_ROOT, exec_form, instructions, last_stage
-from kubetrain_operator import api, builders
+from kubetrain_operator import api
+from kubetrain_operator.planning import builders
 from testcluster import processes
 
 pytestmark = pytest.mark.unit

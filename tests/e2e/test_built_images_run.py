@@ -75,6 +75,6 @@ def test_operator_image_has_no_torch(images: dict[str, str]) -> None:
         "--entrypoint=python3",
         images["operator"],
         "-c",
-        "import kubetrain_operator.main, torch",
+        "import kubetrain_operator.runtime.main, torch",
     )
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr, probe.stderr

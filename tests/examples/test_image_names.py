@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetrain_operator import __version__, constants
+from kubetrain_operator import __version__
+from kubetrain_operator.api import constants
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,9 @@ def test_the_image_build_script_tags_the_same_names() -> None:
 
 
 def test_an_operator_without_default_image_gives_workers_the_built_trainer_image() -> None:
-    from kubetrain_operator import builders, cli, main
+    from kubetrain_operator import cli
+    from kubetrain_operator.planning import builders
+    from kubetrain_operator.runtime import main
 
     assert main.Options().default_image == constants.TRAINER_IMAGE
     assert cli._parser().parse_args(["operator"]).default_image == constants.TRAINER_IMAGE

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetrain_operator import api, localelastic
+from kubetrain_operator import api
+from kubetrain_operator.local import elastic_run
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +27,7 @@ def _write(path: Path, workers: object) -> None:
 def test_an_edit_within_the_bounds_scales_and_anything_else_keeps_the_last_good_value(tmp_path: Path) -> None:
     path = tmp_path / "tj.yaml"
     _write(path, 2)
-    workers = localelastic.manifest_workers(path, api.TrainingJobSpec.model_validate(_spec()))
+    workers = elastic_run.manifest_workers(path, api.TrainingJobSpec.model_validate(_spec()))
     assert workers() == 2
     _write(path, 3)
     assert workers() == 3

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubetrain_operator import api, localelastic, localrun
+from kubetrain_operator import api
+from kubetrain_operator.local import elastic_run, group_run, processes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(1800)]
 """Real training on 2 shared cores: a run took up to 10 minutes under a load average of 20."""
@@ -116,13 +117,13 @@ class Log:
 
 
 def run_in_background(
-    run: Callable[[], localrun.LocalResult],
-) -> Iterator[Callable[[], localrun.LocalResult]]:
-    outcome: list[localrun.LocalResult] = []
+    run: Callable[[], processes.LocalResult],
+) -> Iterator[Callable[[], processes.LocalResult]]:
+    outcome: list[processes.LocalResult] = []
     thread = threading.Thread(target=lambda: outcome.append(run()), daemon=True)
     thread.start()
 
-    def result() -> localrun.LocalResult:
+    def result() -> processes.LocalResult:
         thread.join(WAIT)
         assert outcome, "the run did not end"
         return outcome[0]
@@ -140,12 +141,12 @@ def test_a_killed_worker_is_replaced_alone_and_the_survivors_train_on(
     lost: int, images: Path, tmp_path: Path
 ) -> None:
     job = api.TrainingJob.model_validate(manifest("lost", 3))
-    directories = localrun.mount_directories(job.spec, {"data": images}, tmp_path)
+    directories = processes.mount_directories(job.spec, {"data": images}, tmp_path)
     log = Log()
-    started: list[localelastic.Member] = []
+    started: list[elastic_run.Member] = []
     nodes = [3]  # free "nodes": the lost worker's node is gone until the survivors train without it
     run = run_in_background(
-        lambda: localelastic.run_local_elastic(
+        lambda: elastic_run.run_local_elastic(
             job, directories, log, capacity=lambda: nodes[0], on_start=started.append
         )
     )
@@ -179,21 +180,21 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
     # two-worker group has trained every epoch (under the full suite's load, 3 epochs were over first).
     document = manifest("scaled", 2, epochs=SCALING_EPOCHS)
     path.write_text(yaml.safe_dump(document))
-    job = localrun.load_trainingjob(path)
-    directories = localrun.mount_directories(job.spec, {"data": images}, tmp_path)
+    job = processes.load_trainingjob(path)
+    directories = processes.mount_directories(job.spec, {"data": images}, tmp_path)
     log = Log()
-    started: list[localelastic.Member] = []
+    started: list[elastic_run.Member] = []
 
     def scale(workers: int) -> None:  # the local `kubectl scale tj/scaled --replicas=N`
         document["spec"]["workers"] = workers
         path.write_text(yaml.safe_dump(document))
 
     run = run_in_background(
-        lambda: localelastic.run_local_elastic(
+        lambda: elastic_run.run_local_elastic(
             job,
             directories,
             log,
-            desired=localelastic.manifest_workers(path, job.spec),
+            desired=elastic_run.manifest_workers(path, job.spec),
             on_start=started.append,
         )
     )
@@ -217,8 +218,8 @@ def test_scaling_a_running_job_from_2_to_3_and_back_trains_as_well_as_a_fixed_si
     fixed = api.TrainingJob.model_validate(
         manifest("fixed", 2, elastic=False, batch=BATCH * 3 // 2, epochs=SCALING_EPOCHS)
     )
-    fixed_result = localrun.run_local(
-        fixed, localrun.mount_directories(fixed.spec, {"data": images}, tmp_path), log
+    fixed_result = group_run.run_local(
+        fixed, processes.mount_directories(fixed.spec, {"data": images}, tmp_path), log
     )
     assert fixed_result.phase == "Succeeded"
     elastic_accuracy = metrics(tmp_path, "scaled")["accuracy"]
@@ -231,11 +232,11 @@ def test_a_killed_rendezvous_store_restarts_the_whole_group_once_and_it_resumes_
     images: Path, tmp_path: Path
 ) -> None:
     job = api.TrainingJob.model_validate(manifest("storeless", 2))
-    directories = localrun.mount_directories(job.spec, {"data": images}, tmp_path)
+    directories = processes.mount_directories(job.spec, {"data": images}, tmp_path)
     log = Log()
-    started: list[localelastic.Member] = []
+    started: list[elastic_run.Member] = []
     run = run_in_background(
-        lambda: localelastic.run_local_elastic(job, directories, log, on_start=started.append)
+        lambda: elastic_run.run_local_elastic(job, directories, log, on_start=started.append)
     )
     result = next(run)
     at = log.wait_for(r"epoch 2/3 step 2/")  # epoch 1 is checkpointed

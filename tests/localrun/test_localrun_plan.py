@@ -7,7 +7,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from kubetrain_operator import api, localrun
+from kubetrain_operator import api
+from kubetrain_operator.local import processes
 
 pytestmark = pytest.mark.unit
 
@@ -36,8 +37,8 @@ TRAINER_SPEC = {
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_every_rank_gets_the_operator_env_with_the_master_on_loopback(tmp_path: Path, rank: int) -> None:
     job = _job(TRAINER_SPEC)
-    directories = localrun.mount_directories(job.spec, {}, tmp_path)
-    worker = localrun.plan_local_workers(job, directories, master_port=4321)[rank]
+    directories = processes.mount_directories(job.spec, {}, tmp_path)
+    worker = processes.plan_local_workers(job, directories, master_port=4321)[rank]
     assert worker.env["MASTER_ADDR"] == worker.env["PET_MASTER_ADDR"] == "127.0.0.1"
     assert worker.env["MASTER_PORT"] == worker.env["PET_MASTER_PORT"] == "4321"
     assert worker.env["WORLD_SIZE"] == "3"
@@ -49,9 +50,9 @@ def test_every_rank_gets_the_operator_env_with_the_master_on_loopback(tmp_path: 
 
 def test_mount_paths_become_local_directories_in_the_trainer_config(tmp_path: Path) -> None:
     job = _job(TRAINER_SPEC)
-    directories = localrun.mount_directories(job.spec, {"data": tmp_path / "mine"}, tmp_path / "work")
+    directories = processes.mount_directories(job.spec, {"data": tmp_path / "mine"}, tmp_path / "work")
     config = json.loads(
-        localrun.plan_local_workers(job, directories, master_port=1)[0].env["KUBETRAIN_TRAINER_CONFIG"]
+        processes.plan_local_workers(job, directories, master_port=1)[0].env["KUBETRAIN_TRAINER_CONFIG"]
     )
     assert config["data"]["root"] == str((tmp_path / "mine" / "set").resolve())
     assert config["output_dir"] == str((tmp_path / "work" / "output").resolve())
@@ -67,8 +68,8 @@ def test_custom_command_args_are_expanded_and_rewritten(tmp_path: Path) -> None:
             "storage": [{"name": "output", "mountPath": "/output", "emptyDir": {}}],
         }
     )
-    directories = localrun.mount_directories(job.spec, {}, tmp_path)
-    worker = localrun.plan_local_workers(job, directories, master_port=1)[1]
+    directories = processes.mount_directories(job.spec, {}, tmp_path)
+    worker = processes.plan_local_workers(job, directories, master_port=1)[1]
     out = str((tmp_path / "output").resolve())
     assert worker.argv == ["python", f"{out}/train.py", "--rank", "1", "--out=/output/x", "$(UNDEFINED)"]
 
@@ -79,13 +80,13 @@ def test_secret_env_is_refused_naming_the_variable(tmp_path: Path) -> None:
         "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
     }
     job = _job(spec)
-    with pytest.raises(localrun.LocalRunError, match="TOKEN: secretKeyRef"):
-        localrun.plan_local_workers(job, localrun.mount_directories(job.spec, {}, tmp_path), master_port=1)
+    with pytest.raises(processes.LocalRunError, match="TOKEN: secretKeyRef"):
+        processes.plan_local_workers(job, processes.mount_directories(job.spec, {}, tmp_path), master_port=1)
 
 
 def test_mount_for_an_unknown_volume_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(localrun.LocalRunError, match="nope"):
-        localrun.mount_directories(_job(TRAINER_SPEC).spec, {"nope": tmp_path}, tmp_path)
+    with pytest.raises(processes.LocalRunError, match="nope"):
+        processes.mount_directories(_job(TRAINER_SPEC).spec, {"nope": tmp_path}, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -108,8 +109,8 @@ def test_mount_for_an_unknown_volume_is_refused(tmp_path: Path) -> None:
 def test_bad_manifest_is_refused_naming_file_and_field(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "tj.yaml"
     path.write_text(content)
-    with pytest.raises(localrun.LocalRunError, match=message) as refused:
-        localrun.load_trainingjob(path)
+    with pytest.raises(processes.LocalRunError, match=message) as refused:
+        processes.load_trainingjob(path)
     assert str(path) in str(refused.value)
 
 
@@ -124,8 +125,8 @@ def test_a_missing_data_root_is_extracted_from_the_archive_beside_the_manifest(t
     with tarfile.open(manifest.parent / "data" / "set.tar.gz", "w:gz") as archive:
         archive.add(tmp_path / "sample" / "set", arcname="set")
     job = _job({**TRAINER_SPEC, "trainer": {**TRAINER_SPEC["trainer"], "data": {"root": "/data/set"}}})
-    directories = localrun.mount_directories(job.spec, {}, tmp_path / "runs")
-    said = localrun.provide_sample(job, directories, manifest)
+    directories = processes.mount_directories(job.spec, {}, tmp_path / "runs")
+    said = processes.provide_sample(job, directories, manifest)
     assert said is not None and "set.tar.gz" in said
     assert (tmp_path / "runs" / "data" / "set" / "train" / "cat" / "0.jpg").read_bytes() == b"jpeg"
-    assert localrun.provide_sample(job, directories, manifest) is None, "extracted once, then used"
+    assert processes.provide_sample(job, directories, manifest) is None, "extracted once, then used"

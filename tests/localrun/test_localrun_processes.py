@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetrain_operator import api, localrun
+from kubetrain_operator import api
+from kubetrain_operator.local import group_run, processes
 
 pytestmark = pytest.mark.distributed
 
@@ -55,7 +56,7 @@ def _script_job(tmp_path: Path, workers: int, env: dict[str, str], max_restarts:
 
 def test_group_succeeds_and_each_rank_saw_its_env(tmp_path: Path) -> None:
     job = _script_job(tmp_path, 3, {})
-    result = localrun.run_local(job, localrun.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
+    result = group_run.run_local(job, processes.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
     assert (result.phase, result.reason, result.restarts) == ("Succeeded", "AllWorkersSucceeded", 0)
     seen = [json.loads((tmp_path / f"rank{r}-attempt0.json").read_text()) for r in range(3)]
     assert [s["RANK"] for s in seen] == ["0", "1", "2"]
@@ -65,7 +66,7 @@ def test_group_succeeds_and_each_rank_saw_its_env(tmp_path: Path) -> None:
 
 def test_retryable_failure_restarts_the_whole_group_once(tmp_path: Path) -> None:
     job = _script_job(tmp_path, 2, {"FAIL_CODE": "11", "FAIL_ATTEMPTS": "0"})
-    result = localrun.run_local(job, localrun.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
+    result = group_run.run_local(job, processes.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
     assert (result.phase, result.restarts) == ("Succeeded", 1)
     assert (tmp_path / "rank0-attempt1.json").exists(), "rank 0 was restarted with the group"
 
@@ -73,7 +74,7 @@ def test_retryable_failure_restarts_the_whole_group_once(tmp_path: Path) -> None
 def test_non_retryable_exit_code_fails_without_restart_naming_worker_and_code(tmp_path: Path) -> None:
     job = _script_job(tmp_path, 2, {"FAIL_CODE": "2", "FAIL_ATTEMPTS": "0,1,2", "SLEEP": "30"})
     started = time.monotonic()
-    result = localrun.run_local(job, localrun.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
+    result = group_run.run_local(job, processes.mount_directories(job.spec, {"work": tmp_path}, tmp_path))
     assert (result.phase, result.reason, result.restarts) == ("Failed", "NonRetryableExitCode", 0)
     assert "worker 1" in result.message and "2" in result.message, result.message
     assert time.monotonic() - started < 25, "rank 0 was stopped with the group instead of sleeping on"
@@ -200,6 +201,6 @@ def test_a_data_error_under_torchrun_fails_at_once_with_the_trainers_code(tmp_pa
             },
         }
     )
-    result = localrun.run_local(job, localrun.mount_directories(job.spec, {}, tmp_path))
+    result = group_run.run_local(job, processes.mount_directories(job.spec, {}, tmp_path))
     assert (result.phase, result.reason, result.restarts) == ("Failed", "NonRetryableExitCode", 0)
     assert "exited with code 3 (data error)" in result.message, result.message

@@ -6,8 +6,8 @@ import copy
 import json
 from typing import Any
 
-from kubetrain_operator import builders, constants, names, reconcile
-from kubetrain_operator.api import TrainingJobSpec
+from kubetrain_operator.api import TrainingJobSpec, constants, names
+from kubetrain_operator.planning import builders, plans
 
 UID = "0f0e0d0c-1111-2222-3333-444455556666"
 NS = "team-a"
@@ -160,8 +160,8 @@ def observed(
     pods: list[dict[str, Any]] | None = None,
     with_service: bool = True,
     name: str = "demo",
-) -> reconcile.Observed:
-    return reconcile.Observed.from_objects(
+) -> plans.Observed:
+    return plans.Observed.from_objects(
         trainingjob(name, spec, status),
         services=[service(name)] if with_service else [],
         jobs=jobs or [],

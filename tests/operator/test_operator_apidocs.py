@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubetrain_operator import apidocs
+from kubetrain_operator.api import apidocs
 
 pytestmark = pytest.mark.unit
 

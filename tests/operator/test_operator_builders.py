@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from kubetrain_operator import builders, constants
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import builders
 from kubetrain_trainer.config import TrainerConfig
 from operator_fakes import NS, UID, command_spec, context, trainer_spec
 

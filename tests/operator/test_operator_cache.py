@@ -8,9 +8,10 @@ import threading
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, events
-from kubetrain_operator.cache import ClusterCache, slim
-from kubetrain_operator.handlers import needs_workers
+from kubetrain_operator.api import constants
+from kubetrain_operator.runtime import events
+from kubetrain_operator.runtime.cache import ClusterCache, slim
+from kubetrain_operator.runtime.handlers import needs_workers
 from operator_fakes import NS, job, pod, service, trainingjob
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubetrain_operator import admission, cli, crdgen, main
+from kubetrain_operator import cli
+from kubetrain_operator.api import crdgen
+from kubetrain_operator.planning import admission
+from kubetrain_operator.runtime import main
 
 pytestmark = pytest.mark.unit
 
@@ -135,8 +138,8 @@ def test_an_environment_value_that_does_not_parse_is_refused_naming_the_variable
 def test_the_operator_never_imports_torch() -> None:
     """In a fresh interpreter: this test process may already hold torch from the trainer tests."""
     probe = (
-        "import sys, kubetrain_operator.cli, kubetrain_operator.controller, kubetrain_operator.handlers, "
-        "kubetrain_operator.main, kubetrain_operator.localrun; print('torch' in sys.modules)"
+        "import sys, kubetrain_operator.cli, kubetrain_operator.runtime.main, kubetrain_operator.local.command; "
+        "print('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
@@ -171,7 +174,7 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, w
     import logging
 
     import kopf
-    from kubetrain_operator import kube
+    from kubetrain_operator.runtime import kube
 
     class NoApi:
         def __init__(self, **_: object) -> None:

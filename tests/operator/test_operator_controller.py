@@ -9,21 +9,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import (
-    admission,
-    api,
-    builders,
-    constants,
-    informer,
-    kube,
-    reconcile,
-    workeridentity,
-    workqueue,
-)
-from kubetrain_operator import status as st
-from kubetrain_operator.cache import ClusterCache, owner_name
-from kubetrain_operator.controller import Controller
-from kubetrain_operator.metrics import Metrics
+from kubetrain_operator import api
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import admission, builders, plans
+from kubetrain_operator.planning import status as st
+from kubetrain_operator.runtime import informer, kube, workeridentity, workqueue
+from kubetrain_operator.runtime.cache import ClusterCache, owner_name
+from kubetrain_operator.runtime.controller import Controller
+from kubetrain_operator.runtime.metrics import Metrics
 from kubetrain_trainer import contract
 from operator_fakes import NS, pod, trainer_spec, trainingjob
 
@@ -245,7 +238,7 @@ def _controller(fake: FakeKube, workers: int = 2, waits: st.WriteWaits = st.WRIT
     return Controller(
         fake,  # type: ignore[arg-type]
         fake.cache,
-        defaults=reconcile.Defaults(image="img:test"),
+        defaults=plans.Defaults(image="img:test"),
         metrics=Metrics.create(),
         clock=lambda: NOW,
         workers=workers,
@@ -832,7 +825,7 @@ def test_a_queued_job_kueue_says_nothing_about_shows_suspended_after_its_start_w
     body["metadata"]["labels"] = {constants.KUEUE_QUEUE_LABEL: "team"}
     fake.put(body)
     ctl, ticks = _holding_controller(fake)
-    ctl.defaults = reconcile.Defaults(image="img:test", kueue=True)
+    ctl.defaults = plans.Defaults(image="img:test", kueue=True)
     ctl.reconcile(NS, "demo")
     assert fake.calls == ["create Workload demo"]
     ticks.now += WAITS.start
@@ -946,9 +939,7 @@ def test_a_refused_status_is_reported_once_and_not_retried_until_the_trainingjob
 def test_a_job_the_operator_does_not_allow_gets_a_warning_naming_the_flag_and_no_children() -> None:
     fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "serviceAccountName": "cluster-admin-sa"})
     ctl = _controller(fake)
-    ctl.defaults = reconcile.Defaults(
-        policy=admission.Policy(service_accounts=frozenset({"kubetrain-worker"}))
-    )
+    ctl.defaults = plans.Defaults(policy=admission.Policy(service_accounts=frozenset({"kubetrain-worker"})))
     outcome = ctl.reconcile(NS, "demo")
     assert fake.creations == []
     assert fake.status()["phase"] == "Failed"
@@ -979,7 +970,7 @@ def _provisioning_controller(fake: FakeKube, cluster_role: str = "kubetrain-work
     return Controller(
         fake,  # type: ignore[arg-type]
         fake.cache,
-        defaults=reconcile.Defaults(image="img:test", service_account="kubetrain-worker"),
+        defaults=plans.Defaults(image="img:test", service_account="kubetrain-worker"),
         metrics=Metrics.create(),
         clock=lambda: NOW,
         worker_identities=workeridentity.WorkerIdentities(fake, "kubetrain-worker", cluster_role),  # type: ignore[arg-type]
@@ -1053,7 +1044,7 @@ def _requests_for_a_whole_run(queued: bool) -> list[str]:
     ctl = Controller(
         fake,  # type: ignore[arg-type]
         fake.cache,
-        defaults=reconcile.Defaults(image="img:test", kueue=True),
+        defaults=plans.Defaults(image="img:test", kueue=True),
         metrics=Metrics.create(),
         clock=lambda: NOW,
         status_waits=WAITS,

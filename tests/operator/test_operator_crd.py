@@ -8,7 +8,8 @@ from typing import Any
 
 import pydantic
 import pytest
-from kubetrain_operator import api, crdgen, reconcile
+from kubetrain_operator import api
+from kubetrain_operator.api import crdgen, fieldpaths
 from testcluster.manifests import RefusedCase, accepted_trainingjobs, refused_cases
 
 pytestmark = pytest.mark.unit
@@ -245,7 +246,7 @@ def test_the_operator_refuses_every_case_naming_the_field(case: RefusedCase) -> 
     rules), and its InvalidSpec message names the same field."""
     with pytest.raises(pydantic.ValidationError) as refused:
         api.TrainingJobSpec.model_validate(case.manifest["spec"])
-    message = reconcile.spec_error(refused.value)
+    message = fieldpaths.spec_error(refused.value)
     parent, _, leaf = case.field.rpartition(".")
     assert case.field in message or (leaf in message and parent.split("[")[0] in message), message
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubetrain_operator import builders, fieldpaths
+from kubetrain_operator.api import fieldpaths
+from kubetrain_operator.planning import builders
 from operator_fakes import context
 
 pytestmark = pytest.mark.unit

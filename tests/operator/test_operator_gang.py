@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kubetrain_operator import api, gang
+from kubetrain_operator import api
+from kubetrain_operator.planning import gang
 from operator_fakes import trainer_spec
 
 pytestmark = pytest.mark.unit

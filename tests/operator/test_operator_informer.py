@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubetrain_operator import informer, kube
-from kubetrain_operator.cache import ClusterCache
+from kubetrain_operator.runtime import informer, kube
+from kubetrain_operator.runtime.cache import ClusterCache
 from operator_fakes import NS, job
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from kubetrain_operator import kube
+from kubetrain_operator.runtime import kube
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kubetrain_operator import kube, leader
-from kubetrain_operator.leader import Decision, Observation, Timing
+from kubetrain_operator.runtime import kube, leader
+from kubetrain_operator.runtime.leader import Decision, Observation, Timing
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kubetrain_operator import api, names
+from kubetrain_operator import api
+from kubetrain_operator.api import names
 
 pytestmark = pytest.mark.unit
 

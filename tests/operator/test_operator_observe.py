@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubetrain_operator import observe
-from kubetrain_operator import status as st
+from kubetrain_operator.planning import observe
+from kubetrain_operator.planning import status as st
 from operator_fakes import job, pod
 
 pytestmark = pytest.mark.unit

@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubetrain_operator import constants, queueing, reconcile
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import planner, plans, queueing
 from operator_fakes import NS, UID, job, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
-KUEUE = reconcile.Defaults(image="img:test", kueue=True)
+KUEUE = plans.Defaults(image="img:test", kueue=True)
 FLAVOR = {
     "apiVersion": constants.KUEUE_API,
     "kind": "ResourceFlavor",
@@ -81,9 +82,9 @@ def _plan(
     workload: dict[str, Any] | None = None,
     *,
     jobs: list[dict[str, Any]] | None = None,
-    defaults: reconcile.Defaults = KUEUE,
-) -> reconcile.Plan:
-    obs = reconcile.Observed.from_objects(
+    defaults: plans.Defaults = KUEUE,
+) -> plans.Plan:
+    obs = plans.Observed.from_objects(
         body,
         services=[],
         jobs=jobs or [],
@@ -91,7 +92,7 @@ def _plan(
         workloads=[workload] if workload is not None else [],
         flavors={"pool-a": FLAVOR},
     )
-    return reconcile.plan(obs, NOW, defaults)
+    return planner.plan(obs, NOW, defaults)
 
 
 def test_a_queued_job_creates_one_workload_for_all_its_workers_and_waits_suspended() -> None:
@@ -172,7 +173,7 @@ def test_an_admission_to_a_flavor_not_yet_cached_waits_for_it() -> None:
     plan = _plan(_queued_job(), _workload(*ADMITTED, admitted_flavor="pool-z"))
     assert plan.create == []
     assert "waiting for ResourceFlavor pool-z" in plan.status["message"]
-    assert plan.requeue_after == reconcile.WAIT_SECONDS
+    assert plan.requeue_after == plans.WAIT_SECONDS
 
 
 def test_eviction_stops_the_workers_and_keeps_the_reservation_until_they_are_gone() -> None:
@@ -253,7 +254,7 @@ def test_the_workload_priority_comes_from_the_label_else_the_priority_class(
 
 
 def test_without_kueue_a_queued_job_waits_and_says_what_to_install() -> None:
-    plan = _plan(_queued_job(), defaults=reconcile.Defaults(image="img:test"))
+    plan = _plan(_queued_job(), defaults=plans.Defaults(image="img:test"))
     assert plan.create == []
     assert plan.status["phase"] == "Suspended"
     assert constants.KUEUE_EXTERNAL_FRAMEWORK in plan.status["message"]
@@ -282,7 +283,7 @@ def test_only_trainingjobs_managed_by_kubetrain_are_reconciled(managed_by: str |
     body = trainingjob()
     if managed_by is not None:
         body["spec"]["managedBy"] = managed_by
-    assert reconcile.managed_here(body) is here
+    assert planner.managed_here(body) is here
 
 
 def test_kueues_admission_reading_lists_each_flavor_once() -> None:

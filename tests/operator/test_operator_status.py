@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubetrain_operator import status as st
+from kubetrain_operator.planning import status as st
 
 pytestmark = pytest.mark.unit
 

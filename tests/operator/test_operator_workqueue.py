@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-from kubetrain_operator import workqueue
-from kubetrain_operator.workqueue import WorkQueue
+from kubetrain_operator.runtime import workqueue
+from kubetrain_operator.runtime.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
 

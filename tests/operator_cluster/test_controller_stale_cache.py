@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from kubernetes import config
-from kubetrain_operator import constants, informer, kube, reconcile
-from kubetrain_operator import status as st
-from kubetrain_operator.cache import ClusterCache
-from kubetrain_operator.controller import Controller
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import plans
+from kubetrain_operator.planning import status as st
+from kubetrain_operator.runtime import informer, kube
+from kubetrain_operator.runtime.cache import ClusterCache
+from kubetrain_operator.runtime.controller import Controller
 from testcluster.cluster import Cluster
 from testcluster.manifests import trainingjob
 from testcluster.operator_process import install_crd
@@ -75,7 +77,7 @@ def _running_job(client: RecordingKube, namespace: str, name: str) -> tuple[Cont
     controller = Controller(  # each reconcile writes what it planned: these tests are about what, not when
         client,
         cache,
-        defaults=reconcile.Defaults(image=manifest["spec"]["image"]),
+        defaults=plans.Defaults(image=manifest["spec"]["image"]),
         status_waits=st.WRITE_AT_ONCE,
     )
     controller.reconcile(namespace, name)

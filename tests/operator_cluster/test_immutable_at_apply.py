@@ -3,7 +3,7 @@ immutable field, naming it, and still takes every change that is allowed (and st
 
 Each change is a server-side dry run of a merge patch, so one object serves every case. The rules are on
 the fields themselves (value) and on spec (presence, for fields without a default): see
-api._add_immutable_rules.
+kubetrain_operator.api.jobspec.add_immutable_rules.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubetrain_operator import api, builders
+from kubetrain_operator import api
+from kubetrain_operator.planning import builders
 from testcluster.cluster import Cluster
 from testcluster.manifests import accepted_trainingjobs, refused_cases, trainingjob
 from testcluster.operator_process import OperatorProcess, install_crd

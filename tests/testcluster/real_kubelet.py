@@ -2,7 +2,7 @@
 
 kwok simulates every pod except those annotated `sim.kubetrain.io/real: "true"`. For those, this class
 does the kubelet's work: it waits until the scheduler has bound them, runs each container's command with
-the env the operator rendered (through `localrun.local_worker`, which moves only the master address to
+the env the operator rendered (through `processes.local_worker`, which moves only the master address to
 127.0.0.1 and, so parallel test runs cannot collide, the rendezvous port to a free one; volume mount
 paths become directories of the test), gives the processes a service-account token as a kubelet would,
 and writes their real phases and exit codes back as pod status.
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubetrain_operator import localrun
+from kubetrain_operator.local import processes
 from kubetrain_trainer import contract
 
 from testcluster.cluster import Cluster
@@ -77,8 +77,8 @@ class RealKubelet:
                     f"pod {pod['metadata']['name']} lacks {REAL_ANNOTATION}: kwok would race us"
                 )
 
-        master_port = localrun.free_port()
-        processes: dict[str, subprocess.Popen[bytes]] = {}
+        master_port = processes.free_port()
+        running: dict[str, subprocess.Popen[bytes]] = {}
         started = _now()
         for pod in sorted(pods, key=lambda p: int(p["metadata"]["labels"]["kubetrain.io/worker-index"])):
             name, spec = pod["metadata"]["name"], pod["spec"]
@@ -91,7 +91,7 @@ class RealKubelet:
             for directory in directories.values():
                 directory.mkdir(parents=True, exist_ok=True)
             index = int(pod["metadata"]["labels"]["kubetrain.io/worker-index"])
-            worker = localrun.local_worker(
+            worker = processes.local_worker(
                 index,
                 container,
                 pod_name=name,
@@ -111,7 +111,7 @@ class RealKubelet:
             termination_log.write_text("")
             in_cluster[contract.TERMINATION_LOG] = str(termination_log)
             log = (self._workdir / f"{name}.log").open("wb")
-            processes[name] = subprocess.Popen(
+            running[name] = subprocess.Popen(
                 worker.argv,
                 env={**os.environ, **worker.env, **in_cluster},
                 stdout=log,
@@ -121,12 +121,12 @@ class RealKubelet:
             self._patch_status(namespace, name, self._running_status(container, started))
 
         exit_codes: dict[str, int] = {}
-        for name, process in processes.items():
+        for name, process in running.items():
             remaining = max(1.0, deadline - time.monotonic())
             try:
                 exit_codes[name] = process.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
-                for other in processes.values():
+                for other in running.values():
                     other.kill()
                 raise
         containers = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in pods}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubetrain_operator import observe
+from kubetrain_operator.planning import observe
 from kubetrain_trainer.exit_codes import ExitCode
 from testcluster.processes import free_port
 from trainer_helpers import trainer_env

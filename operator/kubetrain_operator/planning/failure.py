@@ -1,0 +1,101 @@
+"""The failure and success policies: what a group's worker states mean for the TrainingJob.
+
+- Success is explicit: under successPolicy AllWorkers every worker's container must exit 0 (a master
+  finishing first does not end the job while others still run); under Worker0, worker 0 exiting 0 is
+  enough and the other workers are then deleted.
+- A failed worker tears down the whole group (DDP cannot continue without a rank). When several workers
+  fail together, a non-retryable exit code anywhere wins (it is the root cause; the others usually die of
+  PEER_LOST), otherwise the earliest failure is blamed.
+- Non-retryable exit codes (failurePolicy) fail the job at once; otherwise the group restarts while
+  restarts < maxRestarts, and the next failure fails the job with reason RestartLimitExceeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+from kubetrain_trainer.exit_codes import ExitCode
+
+from kubetrain_operator import api
+from kubetrain_operator.planning.observe import Worker
+
+Action = Literal["continue", "restart", "fail", "succeed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    message: str
+    worker: Worker | None = None
+
+
+def describe_exit_code(code: int) -> str:
+    try:
+        return ExitCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        if code > 128:
+            return f"killed by signal {code - 128}"
+        return "error"
+
+
+def describe_failure(worker: Worker) -> str:
+    """`worker 1 (pod x) exited with code 11 (peer lost)` or `worker 1 (pod x) failed: Evicted: ...`."""
+    who = f"worker {worker.index}"
+    if worker.pod_name:
+        who += f" (pod {worker.pod_name})"
+    if worker.exit_code is not None:
+        text = f"{who} exited with code {worker.exit_code} ({describe_exit_code(worker.exit_code)})"
+        if worker.reason and worker.reason not in ("Error", "Completed"):
+            text += f", reason {worker.reason}"
+    else:
+        text = f"{who} failed: {worker.reason or 'unknown reason'}"
+        if worker.message:
+            text += f": {worker.message}"
+    return text
+
+
+def _blame(failed: Sequence[Worker], policy: api.FailurePolicy) -> tuple[Worker, bool]:
+    """The worker to name and whether its failure is retryable."""
+    permanent = [w for w in failed if not policy.is_retryable(w.exit_code)]
+    if permanent:
+        return min(permanent, key=lambda w: w.index), False
+    # Earliest finish first; workers without a time (Job-level failures) after, lowest index first.
+    return min(failed, key=lambda w: (w.finished_at is None, w.finished_at or "", w.index)), True
+
+
+def decide(spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int) -> Decision:
+    """What to do with the group of the current attempt, given the failure and success policies."""
+    failed = [w for w in workers if w.phase == "failed"]
+    if failed:
+        worker, retryable = _blame(failed, spec.failure_policy)
+        what = describe_failure(worker)
+        if not retryable:
+            return Decision(
+                "fail",
+                "NonRetryableExitCode",
+                f"{what}: the exit code is non-retryable (failurePolicy)",
+                worker,
+            )
+        limit = spec.run_policy.max_restarts
+        if restarts >= limit:
+            return Decision(
+                "fail",
+                "RestartLimitExceeded",
+                f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+                worker,
+            )
+        return Decision(
+            "restart",
+            "WorkerFailed",
+            f"{what}; restarting the whole group (restart {restarts + 1} of {limit})",
+            worker,
+        )
+    if spec.success_policy == "Worker0":
+        if workers and workers[0].phase == "succeeded":
+            return Decision("succeed", "Worker0Succeeded", "worker 0 succeeded (successPolicy Worker0)")
+    elif workers and all(w.phase == "succeeded" for w in workers):
+        return Decision("succeed", "AllWorkersSucceeded", f"all {len(workers)} workers succeeded")
+    return Decision("continue", "", "")

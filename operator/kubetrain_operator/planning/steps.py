@@ -1,0 +1,139 @@
+"""Steps both group policies take (`whole_group`, `elastic_group`), written once. Pure.
+
+A policy that reached into another's private helpers is how one copy of "retire the old attempt" lost its
+uid precondition; every step either policy needs lives here, and neither policy imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kubetrain_operator import api
+from kubetrain_operator.planning import observe, plans
+from kubetrain_operator.planning import status as st
+
+
+def seconds_between(a: datetime, b: datetime) -> float:
+    return (b - a).total_seconds()
+
+
+def cleanup(
+    policy: str,
+    workers: Sequence[observe.Worker],
+    jobs: Sequence[Mapping[str, Any]],
+    service: Any,
+) -> list[plans.Deletion]:
+    """What cleanPodPolicy removes once the job finished (or is failing)."""
+    if policy == "None":
+        return []
+    out = []
+    running = {w.job_name for w in workers if w.phase in ("pending", "running", "missing")}
+    for job in jobs:
+        if plans.is_deleting(job):
+            continue
+        if policy == "All" or plans.name_of(job) in running or observe.worker_key(job) is None:
+            out.append(plans.deletion("Job", job))
+    if policy == "All" and service is not None and not plans.is_deleting(service):
+        out.append(plans.deletion("Service", service))
+    return out
+
+
+@dataclasses.dataclass
+class Pass:
+    """One planning pass: what every step reads, and the plan (`out`, whose `status`) they write."""
+
+    obs: plans.Observed
+    spec: api.TrainingJobSpec
+    out: plans.Plan
+    now: datetime
+    defaults: plans.Defaults
+    attempt: int
+    restarts: int
+    workers: list[observe.Worker]
+    stale: list[dict[str, Any]]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.out.status
+
+    def fail(self, reason: str, message: str, blamed: observe.Worker | None = None) -> plans.Plan:
+        """End the job Failed: the verdict, its event, the cleanup, and the TTL's wake-up."""
+        status, spec = self.status, self.spec
+        st.enter_phase(status, "Failed", reason, message, self.now)
+        status["completionTime"] = st.timestamp(self.now)
+        if blamed is not None:
+            status["lastFailure"] = failure_record(blamed, self.attempt, message)
+        st.record_workers(status, self.workers, spec.workers)
+        self.out.events.append(plans.Event("Warning", reason, message))
+        self.out.transitions.append("failed")
+        return self.clean_up_after_the_end()
+
+    def clean_up_after_the_end(self) -> plans.Plan:
+        """The children cleanPodPolicy removes at the end, and a wake-up when the TTL runs out."""
+        run_policy, obs = self.spec.run_policy, self.obs
+        self.out.delete += cleanup(run_policy.clean_pod_policy, self.workers, obs.jobs, obs.service)
+        if run_policy.ttl_seconds_after_finished is not None:
+            self.out.requeue_after = float(run_policy.ttl_seconds_after_finished)
+        return self.out
+
+
+def retire_old_attempts(
+    out: plans.Plan,
+    jobs: Sequence[Mapping[str, Any]],
+    *,
+    members: Sequence[observe.Worker],
+    size: int,
+    now: datetime,
+    grace_seconds: float,
+) -> plans.Plan | None:
+    """Retire an earlier attempt's Jobs, the one way both policies do it: delete each (Foreground, so its
+    pods go first; guarded by its uid, so a namesake created since is never hit) and wait (a plan) while
+    any is still going, up to `grace_seconds` after its deletion (a pod stuck on a lost node). None once
+    they are gone: the next attempt may start."""
+    waiting = []
+    for job in jobs:
+        if not plans.is_deleting(job):
+            out.delete.append(plans.deletion("Job", job, "Foreground"))
+            waiting.append(job)
+        else:
+            since = observe.parse_time(job["metadata"]["deletionTimestamp"])
+            if since is None or seconds_between(since, now) < grace_seconds:
+                waiting.append(job)
+    if not waiting:
+        return None
+    message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+    return wait_for_old_workers(out, message, members, size, now)
+
+
+def wait_for_old_workers(
+    out: plans.Plan, message: str, workers: Sequence[observe.Worker], size: int, now: datetime
+) -> plans.Plan:
+    """Create nothing until old objects are gone; say so (quietly: they usually go within seconds)."""
+    status = out.status
+    status["pendingReason"] = "WaitingForOldWorkers"
+    status["pendingMessage"] = message
+    status["workers"] = st.worker_counts(workers)
+    status["workersReady"] = f"0/{size}"
+    if not st.is_true(status, "Restarting") and status.get("phase") != "Pending":
+        st.enter_phase(status, "Pending", "Pending", message, now)
+    out.requeue_after = plans.WAIT_SECONDS
+    return out
+
+
+def failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[str, Any]:
+    return api.WorkerFailure(
+        worker=worker.index,
+        pod=worker.pod_name,
+        exit_code=worker.exit_code,
+        reason=worker.reason,
+        message=message,
+        restart_attempt=attempt,
+    ).model_dump(by_alias=True, exclude_none=True)
+
+
+def created_message(job_names: Sequence[str]) -> str:
+    last = f" .. {job_names[-1]}" if len(job_names) > 1 else ""
+    return f"created {len(job_names)} worker Jobs: {job_names[0]}{last}"

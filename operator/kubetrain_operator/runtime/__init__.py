@@ -1,0 +1,15 @@
+"""The I/O shell on a cluster: reads the API into the cache, runs the planner, writes what it decided.
+
+Modules, in order (each imports only those before it, `api/` and `planning/`):
+- `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
+- `leader`: Lease election, pure decisions and the requests that act on them;
+- `cache`: the children and cluster objects as last seen, filed by owner;
+- `informer`: the watches of the children that fill the cache;
+- `events`: Kubernetes Events about TrainingJobs, posted in the background;
+- `metrics`: the Prometheus metrics;
+- `workeridentity`: the workers' ServiceAccount, created where they run;
+- `workqueue`: which TrainingJob is reconciled next, and when;
+- `controller`: plan execution (status first, then deletions, creations and events);
+- `handlers`: kopf handlers that only feed the cache and the queue;
+- `main`: the operator's settings and start.
+"""

@@ -1,0 +1,307 @@
+"""Operator runtime: options, kopf settings (all in one @kopf.on.startup), and `run`.
+
+Each option is written in two places: a field of `Options` (its type, its default and the environment
+variable the Deployment sets, read generically by `from_env`) and a flag of `kubetrain operator` (its help,
+in `cli`), whose default is the environment's value; a test holds the two together. `kubetrain operator
+--help` is the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from kubetrain_operator import __version__, api
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import admission, gang, plans
+from kubetrain_operator.runtime import (
+    events,
+    handlers,  # noqa: F401  (registers the kopf handlers)
+    informer,
+    kube,
+    leader,
+    workeridentity,
+)
+from kubetrain_operator.runtime.cache import ClusterCache
+from kubetrain_operator.runtime.controller import Controller
+from kubetrain_operator.runtime.metrics import Metrics
+
+logger = logging.getLogger("kubetrain.operator")
+
+
+TRUE_WORDS = ("1", "true", "yes")
+FALSE_WORDS = ("", "0", "false", "no")
+
+
+def _env(variable: str) -> dict[str, str]:
+    """The metadata of a field that the environment variable `variable` sets when no flag does."""
+    return {"env": variable}
+
+
+@dataclasses.dataclass
+class Options:
+    namespaces: list[str] = dataclasses.field(default_factory=list, metadata=_env("KUBETRAIN_NAMESPACES"))
+    """Namespaces (or kopf glob patterns) to watch; none: $POD_NAMESPACE, else `default`."""
+    all_namespaces: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_ALL_NAMESPACES"))
+    default_image: str = dataclasses.field(
+        default=constants.TRAINER_IMAGE, metadata=_env("KUBETRAIN_DEFAULT_IMAGE")
+    )
+    worker_service_account: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_WORKER_SERVICE_ACCOUNT")
+    )
+    worker_cluster_role: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_WORKER_CLUSTER_ROLE")
+    )
+    """With it, the operator creates `worker_service_account`, bound to this ClusterRole, in each namespace
+    where it creates workers (`workeridentity`)."""
+    metrics_port: int = dataclasses.field(default=8080, metadata=_env("KUBETRAIN_METRICS_PORT"))
+    liveness: str | None = dataclasses.field(
+        default="http://0.0.0.0:8081/healthz", metadata=_env("KUBETRAIN_LIVENESS")
+    )
+    posting_level: str = dataclasses.field(default="WARNING", metadata=_env("KUBETRAIN_POSTING_LEVEL"))
+    """kopf's own log lines at or above it become Events (the operator posts its own Events regardless)."""
+    workers: int = dataclasses.field(default=16, metadata=_env("KUBETRAIN_WORKERS"))
+    """The controller's reconcile threads (kopf's handlers are async and only feed the cache and queue)."""
+    resync_seconds: float = plans.RESYNC_SECONDS
+    verbose: bool = False
+    log_format: str = dataclasses.field(default="full", metadata=_env("KUBETRAIN_LOG_FORMAT"))
+    leader_elect: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_LEADER_ELECT"))
+    """HA through a coordination.k8s.io Lease: standbys run nothing until they hold it, and every write of
+    the leader is fenced by its renew deadline (`leader`). The only HA mode: kopf runs standalone, because
+    kopf's peering pauses only kopf's own watches while the informers, the queue and the reconcile threads
+    of a paused replica would go on acting from a frozen cache."""
+    leader_election_namespace: str | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_LEADER_ELECTION_NAMESPACE")
+    )
+    leader_election_id: str = dataclasses.field(
+        default=leader.DEFAULT_LEASE_NAME, metadata=_env("KUBETRAIN_LEADER_ELECTION_ID")
+    )
+    allowed_volume_types: list[str] | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_ALLOWED_VOLUME_TYPES")
+    )
+    """What `spec.storage` may use (`admission`); None allows everything, an empty list nothing."""
+    allowed_service_accounts: list[str] | None = dataclasses.field(
+        default=None, metadata=_env("KUBETRAIN_ALLOWED_SERVICE_ACCOUNTS")
+    )
+    kueue: bool = dataclasses.field(default=True, metadata=_env("KUBETRAIN_KUEUE"))
+    """Manage the Workloads of TrainingJobs labelled kueue.x-k8s.io/queue-name where Kueue's API is served."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
+        """The options the environment sets, each read by its field's type; a value that does not parse
+        is refused naming the variable."""
+        env = os.environ if env is None else env
+        given = {}
+        for field in dataclasses.fields(cls):
+            variable = field.metadata.get("env")
+            if variable is not None and variable in env:
+                given[field.name] = _parse(str(field.type), env[variable], variable)
+        return cls(**given)
+
+    @classmethod
+    def from_args(cls, args: Any) -> Options:
+        """The parsed flags of `kubetrain operator` (whose defaults are `from_env`'s), one per field; an
+        empty --liveness disables it, and no --namespace falls back to the environment's list."""
+        values = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        values["namespaces"] = args.namespaces or cls.from_env().namespaces
+        values["liveness"] = args.liveness or None
+        return cls(**values)
+
+    def policy(self) -> admission.Policy:
+        """What TrainingJobs may ask for; a list that is not given allows everything."""
+        return admission.Policy(
+            volume_types=None if self.allowed_volume_types is None else frozenset(self.allowed_volume_types),
+            service_accounts=(
+                None if self.allowed_service_accounts is None else frozenset(self.allowed_service_accounts)
+            ),
+        )
+
+    def watched_namespaces(self) -> list[str]:
+        if self.all_namespaces:
+            return []
+        return self.namespaces or [os.environ.get("POD_NAMESPACE", "default")]
+
+
+def _parse(kind: str, raw: str, variable: str) -> Any:
+    """An environment variable's value as a field of type `kind` (the annotation, as written)."""
+    if kind == "bool":
+        if raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            words = ", ".join(word for word in TRUE_WORDS + FALSE_WORDS if word)
+            raise ValueError(f"{variable}={raw!r}: expected true or false (or {words})")
+        return raw.strip().lower() in TRUE_WORDS
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{variable}={raw!r}: expected a whole number") from None
+    if kind.startswith("list[str]"):
+        return [name.strip() for name in raw.split(",") if name.strip()]  # empty: an empty list
+    if kind == "str | None":
+        return raw or None
+    if kind == "str":
+        return raw
+    raise TypeError(f"no reader for options of type {kind} ({variable})")
+
+
+_state: dict[str, Any] = {"options": Options(), "fence": None}
+"""What `run` hands to kopf's startup handler: the options, and the leader's write fence (or None)."""
+
+LOG_FORMATS = ("plain", "full", "json")
+
+LOST_LEASE_EXIT_CODE = 1
+"""The exit status of a leader that lost its Lease: its Deployment restarts it as a standby."""
+
+LIST_CHUNK = 500
+"""Objects per page of kopf's initial listings."""
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Every kopf setting in one place, each with the reason for its value."""
+    options = _state["options"]
+    # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
+    settings.posting.level = logging.getLevelName(options.posting_level.upper())
+    # List TrainingJobs in pages at startup (the informers page their listings too): an unpaginated list
+    # is held whole while it is parsed and set the operator's peak memory.
+    settings.watching.chunk_size = LIST_CHUNK
+    # Re-open watches regularly so a silently dead connection cannot stall the operator.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    # With literal namespaces the operator needs no cluster-wide view: without this, kopf spends about a
+    # minute retrying namespace and CRD listings that a namespaced Role refuses before it starts serving.
+    # Glob patterns still need the scan (kopf resolves them by watching namespaces).
+    settings.scanning.disabled = not options.all_namespaces and not any(
+        any(char in pattern for char in "*?[") for pattern in options.watched_namespaces()
+    )
+
+    client = kube.Kube(fence=_state["fence"], user_agent=_user_agent())
+    identities = None
+    if options.worker_cluster_role and options.worker_service_account:
+        identities = workeridentity.WorkerIdentities(
+            client, options.worker_service_account, options.worker_cluster_role
+        )
+    # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
+    # operator restart, and until then a queued TrainingJob waits, saying so.
+    kueue = options.kueue and client.serves(constants.KUEUE_API)
+    gang_provider = _discover_gang_provider(client)
+    controller = Controller(
+        client,
+        ClusterCache(),
+        defaults=plans.Defaults(
+            image=options.default_image,
+            service_account=options.worker_service_account,
+            resync_seconds=options.resync_seconds,
+            policy=options.policy(),
+            kueue=kueue,
+            gang_provider=gang_provider,
+        ),
+        metrics=Metrics.create(),
+        workers=options.workers,
+        namespaces=None if options.all_namespaces else options.watched_namespaces(),
+        worker_identities=identities,
+    )
+    # Events are posted in the background, after new jobs' workers (see events).
+    poster = events.EventPoster(client.create, busy=controller.busy)
+    controller.post_event = poster.post
+    # The children (Services, Jobs, Pods labelled kubetrain.io/job-name) come from our own informers.
+    children = informer.informers(
+        client,
+        controller.cache,
+        controller.namespaces,
+        lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+        kueue=kueue,
+    )
+    controller.ready.clear()
+    for child_informer in children:
+        child_informer.start()
+    informer.when_synced(children, controller.ready.set)
+    controller.start()
+    if options.metrics_port:
+        try:
+            controller.metrics.serve(options.metrics_port)
+        except OSError as exc:  # metrics are not worth refusing to reconcile over
+            logger.warning("cannot serve metrics on port %s: %s", options.metrics_port, exc)
+    memo["controller"] = controller
+    memo["cache"] = controller.cache
+    memo["events"] = poster
+    memo["informers"] = children
+    logger.info(
+        "kubetrain operator watching %s; Kueue %s",
+        "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
+        f"found ({constants.KUEUE_API} served)" if kueue else "not installed",
+    )
+
+
+def _discover_gang_provider(client: kube.Kube) -> api.GangProvider | None:
+    """The gang scheduler for TrainingJobs whose spec.gangScheduling names none: the first this cluster
+    serves (gang.default_provider). Asked once, at start: enabling another one takes a restart."""
+    served: dict[str, frozenset[str]] = {}
+    for api_version, _ in gang.REQUIRED_RESOURCES.values():
+        try:
+            served[api_version] = client.served_resources(api_version)
+        except kube.ApiError as exc:  # discovery is open to every account; say so and carry on without
+            logger.warning("cannot discover %s: %s", api_version, exc)
+    provider = gang.default_provider(served)
+    logger.info("gang scheduling without a provider uses: %s", provider or "none (no gang API served)")
+    return provider
+
+
+@kopf.on.cleanup()
+def shutdown(memo: Any, **_: Any) -> None:
+    controller = memo.get("controller")
+    if controller is not None:
+        controller.stop()
+    for child_informer in memo.get("informers") or ():
+        child_informer.stop()
+    poster = memo.get("events")
+    if poster is not None:
+        poster.stop()
+
+
+def run(options: Options) -> None:
+    """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
+    _state["options"] = options
+    kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
+    if not options.verbose:
+        # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
+        # The controller logs every transition it acts on at INFO.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    elector = _lead(options) if options.leader_elect else None
+    _state["fence"] = elector.check if elector is not None else None
+    try:
+        kopf.run(
+            clusterwide=options.all_namespaces,
+            namespaces=options.watched_namespaces(),
+            standalone=True,
+            liveness_endpoint=options.liveness,
+            memo=kopf.Memo(),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
+
+
+def identity() -> str:
+    """This replica's name in the Lease and in the API server's audit log: the pod's name in a cluster."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _user_agent() -> str:
+    return f"kubetrain-operator/{__version__} ({identity()})"
+
+
+def _lead(options: Options) -> leader.LeaderElector:
+    """Block until this replica holds the Lease; end the process the moment it is lost."""
+    namespace = options.leader_election_namespace or os.environ.get("POD_NAMESPACE", "default")
+    client = kube.Kube(user_agent=_user_agent())
+    elector = leader.LeaderElector(client, namespace, identity(), name=options.leader_election_id)
+    elector.wait_for_leadership()
+    elector.keep_renewing(on_lost=lambda: os._exit(LOST_LEASE_EXIT_CODE))
+    return elector
