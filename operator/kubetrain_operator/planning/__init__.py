@@ -9,7 +9,8 @@ Modules, in order (each imports only those before it, and `api/`):
 - `admission`: what the operator's flags let a spec ask for;
 - `plans`: what one planning pass reads (`Observed`) and decides (`Plan`), and the operator's `Defaults`;
 - `queueing`: Kueue, the Workload of a queued TrainingJob and what its state means for the job;
-- `steps`: the steps both group policies take (the planning pass, retiring an old attempt, cleanup);
+- `steps`: the steps both group policies take (the pass, restarting the whole group, retiring the old
+  attempt, cleanup);
 - `whole_group`: the fixed-size policy, a failure restarts the whole group;
 - `elastic_group`: the elastic policy, one lost worker is replaced alone and spec.workers scales the group;
 - `planner`: `plan`, the numbered steps every job shares, then its group's policy.

@@ -231,15 +231,10 @@ def _restart_group(group: _Group, why: str) -> plans.Plan:
     decision = decide_rendezvous_loss(group.spec, why, group.restarts)
     if decision.action == "fail":
         return group.fail(decision.reason, decision.message, None)
-    status["restartAttempt"] = group.counter + 1
-    status["restarts"] = group.restarts + 1
     status["elastic"] = None
-    st.enter_phase(status, "Restarting", decision.reason, decision.message, group.now)
-    out.events.append(plans.Event("Warning", "Restarting", decision.message))
-    out.transitions.append("restarted")
-    out.delete += [plans.deletion("Job", j, "Foreground") for j in group.obs.jobs if not plans.is_deleting(j)]
-    out.requeue_after = plans.WAIT_SECONDS
-    return out
+    return steps.restart_whole_group(
+        out, group.obs.jobs, decision, attempt=group.counter, restarts=group.restarts, now=group.now
+    )
 
 
 def _replace_failed(group: _Group) -> plans.Plan | None:

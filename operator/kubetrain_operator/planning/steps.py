@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from kubetrain_operator import api
-from kubetrain_operator.planning import observe, plans
+from kubetrain_operator.planning import failure, observe, plans
 from kubetrain_operator.planning import status as st
 
 
@@ -106,6 +106,30 @@ def retire_old_attempts(
         return None
     message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
     return wait_for_old_workers(out, message, members, size, now)
+
+
+def restart_whole_group(
+    out: plans.Plan,
+    jobs: Sequence[Mapping[str, Any]],
+    decision: failure.Decision,
+    *,
+    attempt: int,
+    restarts: int,
+    now: datetime,
+) -> plans.Plan:
+    """Start the whole group over as attempt `attempt + 1`, counted as restart `restarts + 1`: the
+    decision goes into status (written first, so it is durable before its effects), every Job goes
+    (Foreground, guarded by its uid), and a later pass creates the new attempt once they are gone
+    (`retire_old_attempts`)."""
+    status = out.status
+    status["restartAttempt"] = attempt + 1
+    status["restarts"] = restarts + 1
+    st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
+    out.events.append(plans.Event("Warning", "Restarting", decision.message))
+    out.transitions.append("restarted")
+    out.delete += [plans.deletion("Job", j, "Foreground") for j in jobs if not plans.is_deleting(j)]
+    out.requeue_after = plans.WAIT_SECONDS
+    return out
 
 
 def wait_for_old_workers(

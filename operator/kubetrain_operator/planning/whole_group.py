@@ -50,16 +50,11 @@ def _verdict(p: steps.Pass) -> plans.Plan | None:
         return p.fail(decision.reason, decision.message, decision.worker)
     if decision.action == "restart":
         assert decision.worker is not None
-        status["restartAttempt"] = p.attempt + 1
-        status["restarts"] = p.restarts + 1
         status["lastFailure"] = steps.failure_record(decision.worker, p.attempt, decision.message)
         st.record_workers(status, p.workers, spec.workers)
-        st.enter_phase(status, "Restarting", decision.reason, decision.message, p.now)
-        out.events.append(plans.Event("Warning", "Restarting", decision.message))
-        out.transitions.append("restarted")
-        out.delete += [plans.deletion("Job", j, "Foreground") for j in p.obs.jobs if not plans.is_deleting(j)]
-        out.requeue_after = plans.WAIT_SECONDS
-        return out
+        return steps.restart_whole_group(
+            out, p.obs.jobs, decision, attempt=p.attempt, restarts=p.restarts, now=p.now
+        )
     if decision.action == "succeed":
         st.record_workers(status, p.workers, spec.workers)
         st.enter_phase(status, "Succeeded", decision.reason, decision.message, p.now)
