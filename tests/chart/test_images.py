@@ -203,7 +203,13 @@ def test_wheel_the_dockerfiles_install_builds_from_the_admitted_context(tmp_path
     with zipfile.ZipFile(wheels / built[0]) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert {"kubetrain_operator/cli.py", "kubetrain_operator/main.py", "kubetrain_trainer/cli.py"} <= names
+    assert {
+        "kubetrain_operator/cli.py",
+        "kubetrain_operator/runtime/main.py",
+        "kubetrain_operator/planning/planner.py",
+        "kubetrain_trainer/cli.py",
+        "kubetrain_trainer/components/training_loop.py",
+    } <= names
     assert "kubetrain = kubetrain_operator.cli:main" in entry_points
 
 
