@@ -119,8 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         "--log-format",
         choices=LOG_FORMATS,
         default=env.log_format,
-        help="plain (default), full (with timestamps and logger names, kopf's default) or json (one "
-        "object per line, for log pipelines)",
+        help="full (default: timestamps and logger names, as kopf writes them), plain (messages only) or "
+        "json (one object per line, for log pipelines)",
     )
     op.add_argument(
         "--leader-elect",
