@@ -109,6 +109,29 @@ def test_a_second_job_waits_suspended_while_the_first_holds_the_quota_then_runs(
     jobs.wait_phase("second", "Succeeded", timeout=120)
 
 
+def test_removing_a_queued_jobs_queue_label_never_runs_it_outside_the_quota(jobs: Jobs) -> None:
+    """Any tenant may edit their own TrainingJob: dropping the label must not skip the ClusterQueue."""
+    jobs.apply(_queued("holder", run_for="25s"))
+    jobs.wait_phase("holder", "Running")
+    jobs.apply(_queued("waiter"))
+    jobs.wait(
+        lambda: "queued in LocalQueue team" in jobs.status("waiter").get("message", ""),
+        "waiter to wait in the queue",
+    )
+    jobs.cluster.kubectl("-n", jobs.namespace, "label", "trainingjob", "waiter", "kueue.x-k8s.io/queue-name-")
+    held = jobs.wait(
+        lambda: "governs the job until it ends" in (s := jobs.status("waiter")).get("message", "") and s,
+        "waiter to say its Workload still governs it",
+    )
+    assert held["phase"] == "Suspended"
+    assert jobs.status("holder")["phase"] == "Running"
+    assert jobs.worker_jobs("waiter") == []
+    # Admitted once the holder's quota is free, the waiter runs (and ends) under its Workload.
+    jobs.wait_phase("holder", "Succeeded", timeout=120)
+    jobs.wait_phase("waiter", "Succeeded", timeout=120)
+    assert _condition(jobs.workload("waiter"), "Finished")["status"] == "True"
+
+
 def test_a_higher_priority_job_preempts_a_running_one_which_later_resumes_and_finishes(jobs: Jobs) -> None:
     jobs.apply(_queued("low", run_for="20s"))
     jobs.wait_phase("low", "Running")

@@ -327,3 +327,23 @@ def test_a_full_event_queue_drops_new_events_counts_them_and_warns_once_a_minute
     assert poster.flush()
     assert posted == ["taken", "q1", "q2"]
     poster.stop()
+
+
+def test_a_workload_of_another_api_group_is_not_taken_for_kueues() -> None:
+    """scheduling.k8s.io has a Workload too (the gang of provider kubernetes): not one the cache files."""
+    gang = {
+        "apiVersion": "scheduling.k8s.io/v1alpha1",
+        "kind": "Workload",
+        "metadata": {
+            "name": "demo",
+            "namespace": NS,
+            "uid": "gang",
+            "ownerReferences": [
+                {"apiVersion": constants.API_VERSION, "kind": constants.KIND, "name": "demo"}
+            ],
+        },
+    }
+    cache = ClusterCache()
+    assert cache.observe(gang) is None
+    assert cache.children(NS, "demo", "Workload") == []
+    assert cache.forget(gang) is None

@@ -700,6 +700,26 @@ def test_a_restart_deletes_the_failed_attempts_pod_group_and_makes_the_next_ones
     assert fake.creations.count(("Workload", "demo")) == 1
 
 
+def test_a_finished_gang_job_of_provider_kubernetes_is_ttl_deleted_and_writes_nothing_to_kueue() -> None:
+    """Its gang is a scheduling.k8s.io Workload, which is not Kueue's: taken for one, the finished job
+    marked it Finished against Kueue's API (404 on a cluster: retried for ever, the TTL never reached)."""
+    spec = {
+        "workers": 2,
+        "trainer": {},
+        "gangScheduling": {"provider": "kubernetes"},
+        "runPolicy": {"ttlSecondsAfterFinished": 0},
+    }
+    fake = _fake_with_job(spec=spec)
+    ctl = _controller(fake)
+    _running(fake, ctl)
+    fake.run_pods("Succeeded")
+    ctl.reconcile(NS, "demo")
+    assert fake.status()["phase"] == "Succeeded"
+    ctl.reconcile(NS, "demo")
+    assert (constants.KIND, NS, "demo") not in fake.objects
+    assert not [call for call in fake.calls if call.startswith("patch Workload")], fake.calls
+
+
 def test_a_group_kind_the_cluster_does_not_serve_is_explained_and_no_worker_is_created() -> None:
     fake = _fake_with_job(spec={"workers": 2, "trainer": {}, "gangScheduling": {"provider": "kubernetes"}})
     fake.fail_create["demo-r0"] = kube.ApiError(404, "NotFound", "404 page not found")

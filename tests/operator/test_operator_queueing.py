@@ -267,6 +267,30 @@ def test_a_queue_label_added_to_a_running_job_does_not_stop_it() -> None:
     assert plan.status["phase"] != "Suspended"
 
 
+@pytest.mark.parametrize("label", [None, "team-b"], ids=["label removed", "label changed"])
+def test_a_queued_job_stays_governed_by_its_workload_when_its_queue_label_is_removed_or_changed(
+    label: str | None,
+) -> None:
+    """Otherwise any tenant who may edit their TrainingJob runs it outside the ClusterQueue's quota."""
+    body = _queued_job(status={"phase": "Suspended", "restartAttempt": 0, "restarts": 0})
+    if label is None:
+        del body["metadata"]["labels"][constants.KUEUE_QUEUE_LABEL]
+    else:
+        body["metadata"]["labels"][constants.KUEUE_QUEUE_LABEL] = label
+    plan = _plan(body, _workload(("QuotaReserved", "False", "Pending", "insufficient quota")))
+    assert plan.create == [] and plan.status["phase"] == "Suspended"
+    assert "Workload demo is queued in team-a and governs the job" in plan.status["message"]
+
+
+def test_an_admitted_job_whose_queue_label_is_removed_runs_on_under_its_admission() -> None:
+    body = _queued_job()
+    del body["metadata"]["labels"][constants.KUEUE_QUEUE_LABEL]
+    plan = _plan(body, _workload(*ADMITTED, admitted_flavor="pool-a"))
+    workers = [m for m in plan.create if m["kind"] == "Job"]
+    assert len(workers) == 4
+    assert all(m["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "a"} for m in workers)
+
+
 def test_a_namesakes_workload_is_waited_for_not_claimed() -> None:
     other = _workload()
     other["metadata"]["ownerReferences"][0]["uid"] = "someone-else"

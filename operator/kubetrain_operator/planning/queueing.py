@@ -23,6 +23,8 @@ does for a JobSet:
   spec.runPolicy.suspend, and once none is left the quota reservation is cleared (status.admission
   removed, QuotaReserved False, Requeued) so Kueue can queue it again; readmission resumes it from its
   checkpoints as a new restart attempt, not counted as a restart;
+- once the Workload exists it governs the job to its end: a queue-name label removed or changed later
+  is not followed, so no edit of the TrainingJob runs it outside the quota it is queued for;
 - spec.runPolicy.suspend true deactivates the Workload (spec.active false), so a held job holds no quota;
 - a finished TrainingJob marks its Workload Finished, which releases the quota.
 
@@ -54,6 +56,11 @@ Workload again at once); after any other eviction Requeued is False and Kueue de
 def queue_name(labels: Mapping[str, str] | None) -> str | None:
     """The LocalQueue a TrainingJob asks for, or None when Kueue is not to admit it."""
     return (labels or {}).get(constants.KUEUE_QUEUE_LABEL) or None
+
+
+def workload_queue(workload: Mapping[str, Any]) -> str | None:
+    """The LocalQueue a Workload was queued in."""
+    return (workload.get("spec") or {}).get("queueName") or None
 
 
 def workload_name(job_name: str) -> str:
@@ -267,11 +274,18 @@ def plan_admission(
     now: datetime,
 ) -> Queued:
     """Kueue's verdict on a TrainingJob labelled kueue.x-k8s.io/queue-name, and the Workload writes it
-    needs (see queueing). The label counts when the job is new or suspended, or has its Workload: adding
-    it to a job already running outside any queue does not stop that job."""
-    queue = queue_name(obs.labels)
-    if queue is None or (obs.workload is None and status.get("phase") not in (None, "Suspended")):
-        return Queued()
+    needs (see queueing). The label counts when the job is new or suspended: adding it to a job already
+    running outside any queue does not stop that job. Once the job has its Workload, the Workload governs
+    it to the end, whatever its label says later: removing or changing the label must not let a queued job
+    run outside the quota it waits for (a Job that Kueue suspended stays suspended when its queue name is
+    removed, too)."""
+    labelled = queue_name(obs.labels)
+    if obs.workload is None:
+        if labelled is None or status.get("phase") not in (None, "Suspended"):
+            return Queued()
+        queue = labelled
+    else:
+        queue = workload_queue(obs.workload) or labelled or ""
     if not defaults.kueue:
         return Queued(
             hold=(
@@ -317,7 +331,14 @@ def plan_admission(
             )
         )
     if not verdict.admitted:
-        return Queued(hold=("Queued", f"queued in LocalQueue {queue}: {verdict.waiting}"))
+        governed = ""
+        if labelled != queue:
+            governed = (
+                f"; its {constants.KUEUE_QUEUE_LABEL} label says {labelled or 'nothing'}, but Workload "
+                f"{name} is queued in {queue} and governs the job until it ends (delete and re-create the "
+                "TrainingJob to queue it elsewhere)"
+            )
+        return Queued(hold=("Queued", f"queued in LocalQueue {queue}: {verdict.waiting}{governed}"))
     where = placement(verdict, obs.flavors)
     if isinstance(where, str):
         out.requeue_after = plans.WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob

@@ -48,6 +48,18 @@ CHILD_KINDS = ("Service", "Job", "Pod", "Workload")
 """Kinds filed under their TrainingJob. Workloads (Kueue's) are watched only where Kueue is installed."""
 CLUSTER_KINDS = ("ResourceFlavor",)
 """Cluster-scoped kinds kept by name, shared by every TrainingJob (Kueue's ResourceFlavors)."""
+API_GROUPS = {
+    constants.KIND: constants.GROUP,
+    "Service": "",
+    "Job": "batch",
+    "Pod": "",
+    "Workload": constants.KUEUE_GROUP,
+    "ResourceFlavor": constants.KUEUE_GROUP,
+}
+"""The API group of each kind the cache files. Kinds share names across groups: scheduling.k8s.io has a
+Workload too (the gang of provider kubernetes), and taking it for Kueue's made a finished gang job write
+Kueue status to a Workload Kueue never had, for ever. An object of another group is not filed; one without
+apiVersion (an item of a list of one kind) is taken as its kind's."""
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 POD_SPEC_KEPT = ("nodeName", "schedulerName")
 WORKLOAD_SPEC_KEPT = ("active", "queueName")
@@ -93,9 +105,12 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _identity(body: Mapping[str, Any]) -> tuple[str | None, str | None, str | None, str | None]:
-    """kind, namespace, name, uid."""
+    """kind (None for an object of a group the cache does not file), namespace, name, uid."""
     meta = body.get("metadata") or {}
-    return body.get("kind"), meta.get("namespace"), meta.get("name"), meta.get("uid")
+    kind, api_version = body.get("kind"), body.get("apiVersion")
+    if api_version is not None and API_GROUPS.get(kind or "") != api_version.rpartition("/")[0]:
+        kind = None
+    return kind, meta.get("namespace"), meta.get("name"), meta.get("uid")
 
 
 def _as_int(version: Any) -> int | None:
