@@ -528,6 +528,70 @@ def test_a_running_job_whose_spec_stops_passing_is_held_with_its_workers_left_ru
     assert fixed.status["phase"] == "Running" and fixed.requeue_after == plans.RESYNC_SECONDS
 
 
+def _held(spec: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A held spec (as HELD's) with more fields of its own."""
+    return {**spec, **more}
+
+
+@pytest.mark.parametrize(("spec", "defaults", "reason"), HELD.values(), ids=HELD.keys())
+def test_a_held_job_still_succeeds_when_its_workers_do(
+    spec: dict[str, Any], defaults: plans.Defaults, reason: str
+) -> None:
+    done = {"jobs": [job(0, condition="Complete"), job(1, condition="Complete")]}
+    p = planner.plan(observed(spec, status=STARTED, **done), NOW, defaults)
+    assert p.status["phase"] == "Succeeded" and p.create == []
+    assert _cond(p, "SpecRefused")["reason"] == reason
+
+
+@pytest.mark.parametrize(("spec", "defaults", "reason"), HELD.values(), ids=HELD.keys())
+def test_a_held_job_restarts_a_failed_group_but_starts_no_worker_from_the_refused_spec(
+    spec: dict[str, Any], defaults: plans.Defaults, reason: str
+) -> None:
+    failed = {
+        "jobs": [job(0), job(1)],
+        "pods": [pod(0, phase="Running"), pod(1, phase="Failed", exit_code=11)],
+    }
+    p = planner.plan(observed(spec, status=STARTED, **failed), NOW, defaults)
+    assert p.status["phase"] == "Restarting" and p.status["restarts"] == 1
+    assert sorted(d.name for d in p.delete) == ["demo-r0-w0", "demo-r0-w1"] and p.create == []
+    gone = planner.plan(observed(spec, status=p.status), NOW, defaults)
+    assert gone.create == [] and _cond(gone, "SpecRefused")["reason"] == reason
+
+
+@pytest.mark.parametrize(("spec", "defaults", "reason"), HELD.values(), ids=HELD.keys())
+def test_a_held_job_fails_at_its_deadline_and_is_deleted_after_its_ttl(
+    spec: dict[str, Any], defaults: plans.Defaults, reason: str
+) -> None:
+    spec = _held(spec, runPolicy={"activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 60})
+    running = {"jobs": [job(0), job(1)], "pods": [pod(0, phase="Running"), pod(1, phase="Running")]}
+    p = planner.plan(observed(spec, status=STARTED, **running), NOW, defaults)
+    assert p.status["phase"] == "Failed" and _cond(p, "Failed")["reason"] == "DeadlineExceeded"
+    later = NOW + timedelta(seconds=61)
+    ended = planner.plan(observed(spec, status=p.status), later, defaults)
+    assert ended.delete_self
+
+
+def test_a_job_refused_before_it_started_is_deleted_after_its_ttl() -> None:
+    spec = {"workers": 2, "trainer": {"epochs": "many"}, "runPolicy": {"ttlSecondsAfterFinished": 60}}
+    refused = planner.plan(observed(spec, status={}, with_service=False), NOW)
+    assert refused.status["phase"] == "Failed" and not refused.delete_self
+    later = planner.plan(observed(spec, status=refused.status), NOW + timedelta(seconds=61))
+    assert later.delete_self
+
+
+def test_a_refusal_that_names_no_field_to_set_aside_holds_the_job_as_it_stands() -> None:
+    """Both trainer and command is a rule over two fields: neither is set aside, nothing is read, and the
+    job is held as it stands (its failed worker is not acted on)."""
+    spec = {"workers": 2, "trainer": {}, "command": ["python", "train.py"]}
+    running = {
+        "jobs": [job(0), job(1)],
+        "pods": [pod(0, phase="Running"), pod(1, phase="Failed", exit_code=11)],
+    }
+    p = planner.plan(observed(spec, status=STARTED, **running), NOW)
+    assert p.status["phase"] == "Running" and p.delete == [] and p.create == []
+    assert _cond(p, "SpecRefused")["reason"] == "InvalidSpec"
+
+
 def test_a_finished_job_whose_spec_stops_passing_stays_finished() -> None:
     done = dict(STARTED, phase="Succeeded", completionTime="2026-01-01T00:50:00Z")
     p = _plan(

@@ -50,6 +50,8 @@ def plan(obs: plans.Observed, now: datetime, defaults: plans.Defaults | None = N
     """Decide everything one reconcile of `obs` should do (under the operator's `defaults`)."""
     defaults = defaults or plans.Defaults()
     out = _steps(obs, now, defaults)
+    if st.is_true(out.status, "SpecRefused"):
+        out.create = []  # a held job ends by its policies, but nothing is started from a refused spec
     out.delete += _attempt_group_deletions(obs, out.delete, defaults.gang_provider)
     # Any creation after the first (a restart's, a resume's, an elastic replacement's, or children that
     # disappeared) waits for the shell to confirm the owner still exists (see plans.Plan.confirm_owner).
@@ -98,15 +100,14 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
     phase = status.get("phase")
 
     # 1. A spec the operator refuses: invalid (the CRD's rules were bypassed, or this operator's checks are
-    # stricter than those of the one that accepted it) or not allowed by the operator's flags.
-    try:
-        spec = api.TrainingJobSpec.model_validate(dict(obs.spec))
-    except pydantic.ValidationError as exc:
-        return _refuse(obs, out, "InvalidSpec", f"invalid spec: {fieldpaths.spec_error(exc)}", now)
-    refused = admission.refusal(spec, defaults.policy) or gang.missing_provider(spec, defaults.gang_provider)
-    if refused is not None:
-        return _refuse(obs, out, "NotAllowed", refused, now)
-    if st.is_true(status, "SpecRefused"):
+    # stricter than those of the one that accepted it) or not allowed by the operator's flags. A job never
+    # started fails; one already accepted is held, and goes on to its end by what can be read of its spec.
+    refusal, spec = _check(obs.spec, defaults)
+    if refusal is not None:
+        _refuse(obs, out, *refusal, now)
+        if spec is None or "failed" in out.transitions:
+            return out
+    elif st.is_true(status, "SpecRefused"):
         st.set_condition(
             status, "SpecRefused", False, "SpecAccepted", "the spec passes the operator's checks", now
         )
@@ -295,26 +296,76 @@ def refusal_verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _refuse(obs: plans.Observed, out: plans.Plan, reason: str, message: str, now: datetime) -> plans.Plan:
+def _check(
+    raw: Mapping[str, Any], defaults: plans.Defaults
+) -> tuple[tuple[str, str] | None, api.TrainingJobSpec | None]:
+    """(reason, message) when the operator refuses the spec, and the spec as far as it can be read: the
+    whole of it when it is valid, else `_readable`'s remainder (None when nothing usable is left)."""
+    try:
+        spec = api.TrainingJobSpec.model_validate(dict(raw))
+    except pydantic.ValidationError as exc:
+        return ("InvalidSpec", f"invalid spec: {fieldpaths.spec_error(exc)}"), _readable(raw)
+    refused = admission.refusal(spec, defaults.policy) or gang.missing_provider(spec, defaults.gang_provider)
+    return (("NotAllowed", refused) if refused is not None else None), spec
+
+
+READABLE_TRIES = 8
+"""How many rounds of refused fields `_readable` sets aside before it gives up."""
+
+
+def _readable(raw: Mapping[str, Any]) -> api.TrainingJobSpec | None:
+    """An invalid spec with the fields it is refused for set aside (their defaults apply): enough to see a
+    held job to its end by its policies (outcome, deadline, TTL). Nothing is ever started from it. None
+    when a refusal names no field that can be set aside (a required field, or a rule over several)."""
+    spec = copy.deepcopy(dict(raw))
+    for _ in range(READABLE_TRIES):
+        try:
+            return api.TrainingJobSpec.model_validate(spec)
+        except pydantic.ValidationError as exc:
+            if not all(_set_aside(spec, error["loc"]) for error in exc.errors()):
+                return None
+    return None
+
+
+def _set_aside(spec: dict[str, Any], loc: Sequence[int | str]) -> bool:
+    """Remove the field an error's location names (the deepest one present); whether there was one."""
+    node: Any = spec
+    parent: Any = None
+    key: int | str | None = None
+    for part in loc:
+        present = (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        )
+        if present:
+            parent, key, node = node, part, node[part]
+        else:
+            break  # a pydantic branch name (a union's int, str, function-after[...]): not a field
+    if parent is None or key is None:
+        return False
+    del parent[key]
+    return True
+
+
+def _refuse(obs: plans.Observed, out: plans.Plan, reason: str, message: str, now: datetime) -> None:
     """A job never started fails (nothing exists to lose). One the operator already accepted is held: an
-    operator upgrade or a flag change must never kill running work, so its workers are left as they are
-    and nothing is created or deleted for it; the SpecRefused condition and one Warning event say why,
-    until the spec passes again (an edit, or the operator rolled back) and the job carries on."""
+    operator upgrade or a flag change must never kill running work, so its workers go on, and the job
+    still ends as its policies say (a worker's outcome, the deadline, the TTL, its Kueue Workload
+    finished), but no worker is started from the refused spec; the SpecRefused condition and one Warning
+    event say why, until the spec passes again (an edit, or the operator rolled back)."""
     status = out.status
     if status.get("phase") is None and not obs.jobs:
         st.enter_phase(status, "Failed", reason, message, now)
         status["completionTime"] = st.timestamp(now)
         out.events.append(plans.Event("Warning", reason, message))
         out.transitions.append("failed")
-        return out
+        return
     failed = st.get_condition(status, "Failed") or {}
     if status.get("phase") == "Failed" and failed.get("reason") in REFUSAL_REASONS:
-        return out  # refused before it started: said then
+        return  # refused before it started: said then
     held = (
-        f"{message}; its workers are left as they are (running ones keep running) and the operator "
-        "creates or deletes nothing for this TrainingJob until its spec passes again (edit the field, or "
-        "roll the operator back)"
+        f"{message}; its workers are left as they are (running ones keep running) and the job ends as its "
+        "policies say, but the operator starts no worker for it until its spec passes again (edit the "
+        "field, or roll the operator back)"
     )
     if st.set_condition(status, "SpecRefused", True, reason, held, now):
         out.events.append(plans.Event("Warning", reason, held))
-    return out
