@@ -105,12 +105,12 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
     refusal, spec = _check(obs.spec, defaults)
     if refusal is not None:
         _refuse(obs, out, *refusal, now)
-        if spec is None or "failed" in out.transitions:
-            return out
     elif st.is_true(status, "SpecRefused"):
         st.set_condition(
             status, "SpecRefused", False, "SpecAccepted", "the spec passes the operator's checks", now
         )
+    if spec is None or "failed" in out.transitions:
+        return out
 
     if spec.elastic is not None:
         attempts = elastic_group.worker_attempts(status, spec.workers)
