@@ -111,7 +111,7 @@ def test_a_second_job_waits_suspended_while_the_first_holds_the_quota_then_runs(
 
 def test_removing_a_queued_jobs_queue_label_never_runs_it_outside_the_quota(jobs: Jobs) -> None:
     """Any tenant may edit their own TrainingJob: dropping the label must not skip the ClusterQueue."""
-    jobs.apply(_queued("holder", run_for="25s"))
+    jobs.apply(_queued("holder", run_for="60s"))
     jobs.wait_phase("holder", "Running")
     jobs.apply(_queued("waiter"))
     jobs.wait(
@@ -122,6 +122,7 @@ def test_removing_a_queued_jobs_queue_label_never_runs_it_outside_the_quota(jobs
     held = jobs.wait(
         lambda: "governs the job until it ends" in (s := jobs.status("waiter")).get("message", "") and s,
         "waiter to say its Workload still governs it",
+        timeout=45,
     )
     assert held["phase"] == "Suspended"
     assert jobs.status("holder")["phase"] == "Running"
