@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kueue_support import FLAVOR_LABELS, FLAVOR_TOLERATION
 from testcluster.cluster import Cluster
+from testcluster.kueue import PODS_READY_TIMEOUT_SECONDS
 from testcluster.manifests import trainingjob
 from testcluster.operator_process import OperatorProcess
 from testcluster.waiting import wait_for
@@ -107,6 +108,25 @@ def test_a_second_job_waits_suspended_while_the_first_holds_the_quota_then_runs(
     jobs.wait_phase("first", "Succeeded", timeout=120)
     assert _condition(jobs.workload("first"), "Finished")["status"] == "True"
     jobs.wait_phase("second", "Succeeded", timeout=120)
+
+
+def test_an_admitted_job_outlives_kueues_pods_ready_timeout_because_it_says_its_workers_are_ready(
+    jobs: Jobs,
+) -> None:
+    """Kueue runs with waitForPodsReady: without the PodsReady condition every TrainingJob was evicted
+    (PodsReadyTimeout) once the timeout passed, requeued, and evicted again."""
+    jobs.apply(_queued("steady", run_for=f"{PODS_READY_TIMEOUT_SECONDS + 25}s"))
+    jobs.wait_phase("steady", "Running")
+    ready = jobs.wait(
+        lambda: _condition(jobs.workload("steady"), "PodsReady").get("status") == "True",
+        "the Workload to say its pods are ready",
+    )
+    assert _condition(jobs.workload("steady"), "PodsReady")["reason"] == "Started", ready
+    jobs.wait_phase("steady", "Succeeded", timeout=PODS_READY_TIMEOUT_SECONDS + 90)
+    workload = jobs.workload("steady")
+    assert _condition(workload, "Evicted").get("status") != "True"
+    assert _condition(jobs.get("trainingjob", "steady"), "Suspended").get("status") != "True"
+    assert jobs.status("steady").get("restartAttempt", 0) == 0, "never evicted and resumed"
 
 
 def test_removing_a_queued_jobs_queue_label_never_runs_it_outside_the_quota(jobs: Jobs) -> None:

@@ -1095,10 +1095,11 @@ def _requests_for_a_whole_run(queued: bool) -> list[str]:
     return fake.calls + [f"event {e['reason']}" for e in fake.events]
 
 
-def test_kueue_costs_a_job_admitted_at_once_two_requests_its_workload_and_finishing_it() -> None:
-    """The figure of issue 12 part 3: the Kueue integration's extra API requests per TrainingJob."""
+def test_kueue_costs_a_job_admitted_at_once_three_requests_its_workload_pods_ready_and_finishing_it() -> None:
+    """The figure of issue 12 part 3: the Kueue integration's extra API requests per TrainingJob (issue 24
+    added the PodsReady condition Kueue's waitForPodsReady reads: one status write when the group is ready)."""
     plain, queued = _requests_for_a_whole_run(False), _requests_for_a_whole_run(True)
     extra = list(queued)
     for call in plain:
         extra.remove(call)
-    assert sorted(extra) == ["create Workload demo", "patch Workload status"]
+    assert sorted(extra) == ["create Workload demo", "patch Workload status", "patch Workload status"]

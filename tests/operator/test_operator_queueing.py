@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kubetrain_operator.api import constants
 from kubetrain_operator.planning import planner, plans, queueing
-from operator_fakes import NS, UID, job, trainer_spec, trainingjob
+from kubetrain_operator.planning.observe import Worker
+from operator_fakes import NS, UID, job, pod, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -362,3 +363,72 @@ def test_an_admitted_elastic_job_runs_at_most_the_admitted_workers_and_says_why(
 
     scaled_down = _plan(_elastic_queued(2, running), admitted)
     assert "Kueue admitted" not in (scaled_down.status.get("message") or "")
+
+
+READY, NOT_READY, DONE = (
+    Worker(0, 0, "running", ready=True),
+    Worker(1, 0, "pending"),
+    Worker(2, 0, "succeeded"),
+)
+PODS_READY_STATES = {
+    # (PodsReady before as (status, reason) or None, workers) -> (status, reason) written, or None: no write
+    "all ready: Started": (None, [READY, DONE], ("True", "Started")),
+    "not ready yet: no condition is Kueue's WaitForStart, no write": (None, [READY, NOT_READY], None),
+    "a worker lost after the start: WaitForRecovery": (
+        ("True", "Started"),
+        [READY, NOT_READY],
+        ("False", "WaitForRecovery"),
+    ),
+    "still recovering: no write": (("False", "WaitForRecovery"), [NOT_READY], None),
+    "ready again: Recovered": (("False", "WaitForRecovery"), [READY, READY], ("True", "Recovered")),
+    "released and readmitted, not ready: no write": (("False", "WaitForStart"), [NOT_READY], None),
+    "released and readmitted, ready: Started": (("False", "WaitForStart"), [READY], ("True", "Started")),
+    "still ready: no write": (("True", "Started"), [READY], None),
+}
+
+
+@pytest.mark.parametrize(
+    ("before", "workers", "written"), PODS_READY_STATES.values(), ids=PODS_READY_STATES.keys()
+)
+def test_the_workloads_pods_ready_condition_follows_the_workers_in_kueues_terms(
+    before: tuple[str, str] | None, workers: list[Worker], written: tuple[str, str] | None
+) -> None:
+    """Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady is not True in time."""
+    conditions = [(t, s, r, m) for t, s, r, m in ADMITTED]
+    if before is not None:
+        conditions.append(("PodsReady", *before, "m"))
+    status = queueing.pods_ready(_workload(*conditions), workers, NOW)
+    if written is None:
+        assert status is None
+        return
+    assert status is not None
+    [pods_ready] = [c for c in status["conditions"] if c["type"] == "PodsReady"]
+    assert (pods_ready["status"], pods_ready["reason"]) == written
+    assert {c["type"] for c in status["conditions"]} == {"QuotaReserved", "Admitted", "PodsReady"}
+
+
+def test_an_admitted_job_whose_workers_are_all_ready_tells_kueue_so() -> None:
+    running = {"phase": "Running", "restartAttempt": 0, "restarts": 0}
+    workload = _workload(*ADMITTED, admitted_flavor="pool-a")
+    obs = plans.Observed.from_objects(
+        _queued_job(status=running),
+        services=[],
+        jobs=[job(i) for i in range(4)],
+        pods=[pod(i, phase="Running", ready=True) for i in range(4)],
+        workloads=[workload],
+        flavors={"pool-a": FLAVOR},
+    )
+    plan = planner.plan(obs, NOW, KUEUE)
+    assert plan.workload_status is not None
+    [pods_ready] = [c for c in plan.workload_status["conditions"] if c["type"] == "PodsReady"]
+    assert (pods_ready["status"], pods_ready["reason"]) == ("True", "Started")
+
+
+def test_releasing_an_evicted_workload_sets_pods_ready_back_to_waiting_for_the_start() -> None:
+    """So the next admission gets Kueue's start timeout, not the recovery timeout of a lost worker."""
+    workload = _workload(
+        *ADMITTED, PREEMPTED, ("PodsReady", "True", "Started", "m"), admitted_flavor="pool-a"
+    )
+    status = queueing.released(workload, queueing.read_admission(workload), NOW)
+    [pods_ready] = [c for c in status["conditions"] if c["type"] == "PodsReady"]
+    assert (pods_ready["status"], pods_ready["reason"]) == ("False", "WaitForStart")

@@ -35,6 +35,10 @@ WEBHOOK_GROUPS = ("kueue.x-k8s.io", "batch")
 """The webhooks registered: Kueue's own objects and the one integration enabled (batch/job)."""
 
 
+PODS_READY_TIMEOUT_SECONDS = 30
+"""Kueue's waitForPodsReady timeout here: shorter than the jobs that must outlive it."""
+
+
 def config_dir(cluster: Cluster) -> Path:
     """The built Kueue's CRDs (crds/) and webhook configurations (webhooks.yaml)."""
     return cluster.bin_dir / "kueue-config"
@@ -51,6 +55,9 @@ def configuration(webhook_port: int, probe_port: int, cert_dir: Path) -> dict[st
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        # As production installs run it: an admitted Workload whose PodsReady condition is not True within
+        # the timeout is evicted. A TrainingJob passes only because the operator keeps that condition.
+        "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_SECONDS}s"},
         # The on-demand visibility API is an aggregated API server of its own, with certificates at the
         # fixed path /visibility: nothing here uses it.
         "featureGates": {"VisibilityOnDemand": False},

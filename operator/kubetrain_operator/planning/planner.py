@@ -148,10 +148,16 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         default_gang_provider=defaults.gang_provider,
         placement=queue.placement,
     )
-    if spec.elastic is not None:
-        return _elastic(p, queue, ctx)
-
-    return whole_group.plan(p, ctx)
+    out = _elastic(p, queue, ctx) if spec.elastic is not None else whole_group.plan(p, ctx)
+    # Kueue's waitForPodsReady reads the Workload's PodsReady condition, which the job's controller keeps.
+    workload = obs.workload if queue.admitted_by is not None else None
+    if (
+        workload is not None
+        and out.workload_status is None
+        and out.status.get("phase") not in api.TERMINAL_PHASES
+    ):
+        out.workload_status = queueing.pods_ready(workload, p.workers, now)
+    return out
 
 
 def _finished(p: steps.Pass, phase: str) -> plans.Plan:

@@ -36,17 +36,20 @@ Workload of its own and never suspends it while the TrainingJob's Workload is ad
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from kubetrain_operator import api
 from kubetrain_operator.api import constants, names
-from kubetrain_operator.planning import builders, plans
+from kubetrain_operator.planning import builders, observe, plans
 from kubetrain_operator.planning import status as st
 
 POD_SET = "workers"
 """The name of the Workload's one pod set."""
+
+PODS_READY = "PodsReady"
+"""The Workload condition Kueue's waitForPodsReady reads (see `pods_ready`)."""
 
 REQUEUED_ON = ("Preempted", "NodeFailures")
 """Eviction reasons after which Kueue's job reconciler marks the Workload Requeued True (it queues the
@@ -230,6 +233,9 @@ def released(workload: Mapping[str, Any], admission: Admission, now: datetime) -
     st.set_condition(status, "Requeued", reason in REQUEUED_ON, reason, message, now)
     st.set_condition(status, "QuotaReserved", False, "Pending", message, now)
     st.set_condition(status, "Admitted", False, "NoReservation", "The workload has no reservation", now)
+    if any(c.get("type") == PODS_READY for c in status["conditions"]):
+        # The next admission starts its workers afresh: Kueue's timeout, not its recovery timeout.
+        st.set_condition(status, PODS_READY, False, "WaitForStart", "the workers were stopped", now)
     return status
 
 
@@ -237,6 +243,34 @@ def finished(workload: Mapping[str, Any], succeeded: bool, message: str, now: da
     """The Workload status of a finished TrainingJob: Finished True, so Kueue releases the quota."""
     status: dict[str, Any] = {"conditions": _conditions(workload)}
     st.set_condition(status, "Finished", True, "Succeeded" if succeeded else "Failed", message, now)
+    return status
+
+
+def pods_ready(
+    workload: Mapping[str, Any], workers: Sequence[observe.Worker], now: datetime
+) -> dict[str, Any] | None:
+    """The admitted Workload's status with its PodsReady condition kept from the workers, or None when it
+    already says so. Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady is not True
+    within its timeout, and for a kind it has no built-in integration for it leaves that condition to the
+    kind's controller: without it every TrainingJob would be evicted, requeued and evicted again. The
+    reasons are Kueue's (Started or Recovered when every worker is ready or done; WaitForStart before the
+    first time, WaitForRecovery after a worker was lost), since Kueue's recovery timeout reads them."""
+    before = next((c for c in _conditions(workload) if c.get("type") == PODS_READY), None)
+    earlier = (before or {}).get("reason")
+    if workers and all(w.phase == "succeeded" or (w.phase == "running" and w.ready) for w in workers):
+        ready, reason = True, "Recovered" if earlier in ("WaitForRecovery", "Recovered") else "Started"
+        message = f"all {len(workers)} workers are ready or done"
+    elif before is None:
+        return None  # Kueue reads no condition as waiting for the start: no request spent saying so
+    else:
+        lost = before.get("status") == "True" or earlier == "WaitForRecovery"
+        ready, reason = False, "WaitForRecovery" if lost else "WaitForStart"
+        waiting = sum(not (w.phase == "succeeded" or (w.phase == "running" and w.ready)) for w in workers)
+        message = f"{waiting} of {len(workers)} workers are not ready"
+    if before is not None and before.get("status") == str(ready) and earlier == reason:
+        return None
+    status: dict[str, Any] = {"conditions": _conditions(workload)}
+    st.set_condition(status, PODS_READY, ready, reason, message, now)
     return status
 
 
