@@ -257,7 +257,8 @@ def pods_ready(
     first time, WaitForRecovery after a worker was lost), since Kueue's recovery timeout reads them."""
     before = next((c for c in _conditions(workload) if c.get("type") == PODS_READY), None)
     earlier = (before or {}).get("reason")
-    if workers and all(w.phase == "succeeded" or (w.phase == "running" and w.ready) for w in workers):
+    waiting = sum(not (w.phase == "succeeded" or (w.phase == "running" and w.ready)) for w in workers)
+    if workers and not waiting:
         ready, reason = True, "Recovered" if earlier in ("WaitForRecovery", "Recovered") else "Started"
         message = f"all {len(workers)} workers are ready or done"
     elif before is None:
@@ -265,7 +266,6 @@ def pods_ready(
     else:
         lost = before.get("status") == "True" or earlier == "WaitForRecovery"
         ready, reason = False, "WaitForRecovery" if lost else "WaitForStart"
-        waiting = sum(not (w.phase == "succeeded" or (w.phase == "running" and w.ready)) for w in workers)
         message = f"{waiting} of {len(workers)} workers are not ready"
     if before is not None and before.get("status") == str(ready) and earlier == reason:
         return None
