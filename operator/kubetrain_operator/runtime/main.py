@@ -12,8 +12,9 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import kopf
 
@@ -189,7 +190,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         )
     # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
     # operator restart, and until then a queued TrainingJob waits, saying so.
-    kueue = options.kueue and client.serves(constants.KUEUE_API)
+    kueue = options.kueue and discover(lambda: client.serves(constants.KUEUE_API), constants.KUEUE_API)
     gang_provider = _discover_gang_provider(client)
     controller = Controller(
         client,
@@ -239,13 +240,36 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
 
 
+Answer = TypeVar("Answer")
+
+DISCOVERY_RETRY_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
+"""The waits between attempts at an API discovery that failed for a passing reason; the last repeats."""
+
+
+def discover(ask: Callable[[], Answer], what: str, sleep: Callable[[float], None] = time.sleep) -> Answer:
+    """`ask()` again until the API server answers: what it serves decides for good (a job naming no gang
+    provider fails when none is served; a queued job waits for a Kueue said to be missing), so a passing
+    failure (no connection, 429, 5xx) must never stand for "not served". Other refusals are raised."""
+    waits = iter(DISCOVERY_RETRY_SECONDS)
+    delay = DISCOVERY_RETRY_SECONDS[0]
+    while True:
+        try:
+            return ask()
+        except kube.ApiError as exc:
+            if exc.status not in {0, 429} and exc.status < 500:
+                raise
+            delay = next(waits, delay)
+            logger.warning("discovering %s: %s; asking again in %.0fs", what, exc, delay)
+            sleep(delay)
+
+
 def _discover_gang_provider(client: kube.Kube) -> api.GangProvider | None:
     """The gang scheduler for TrainingJobs whose spec.gangScheduling names none: the first this cluster
     serves (gang.default_provider). Asked once, at start: enabling another one takes a restart."""
     served: dict[str, frozenset[str]] = {}
     for api_version, _ in gang.REQUIRED_RESOURCES.values():
         try:
-            served[api_version] = client.served_resources(api_version)
+            served[api_version] = discover(lambda v=api_version: client.served_resources(v), api_version)
         except kube.ApiError as exc:  # discovery is open to every account; say so and carry on without
             logger.warning("cannot discover %s: %s", api_version, exc)
     provider = gang.default_provider(served)
