@@ -277,11 +277,14 @@ def test_a_restarted_group_waits_for_the_old_jobs_then_starts_whole_at_the_new_a
 @pytest.mark.parametrize("elastic", [False, True], ids=["whole group", "elastic group"])
 def test_both_policies_retire_an_old_attempt_the_same_way_guarded_by_each_jobs_uid(elastic: bool) -> None:
     """One step (`steps.retire_old_attempts`) retires the old attempt for both policies: each old Job is
-    deleted Foreground with its uid as the precondition, so a namesake created since is never deleted."""
+    deleted Foreground with its uid as the precondition, so a namesake created since is never deleted, and
+    the wait names the old pods still there and their nodes."""
     spec = elastic_spec() if elastic else trainer_spec(workers=3)
     status = dict(RUNNING, restarts=1, restartAttempt=1, elastic=None, phase="Restarting")
+    old_pod = pod(1, phase="Running")
+    old_pod["spec"]["nodeName"] = "node-3"
     obs = plans.Observed.from_objects(
-        trainingjob("demo", spec, status), services=[service()], jobs=[job(0), job(1)], pods=[]
+        trainingjob("demo", spec, status), services=[service()], jobs=[job(0), job(1)], pods=[old_pod]
     )
     p = planner.plan(obs, NOW)
     assert [(d.name, d.propagation, d.uid) for d in p.delete] == [
@@ -289,6 +292,9 @@ def test_both_policies_retire_an_old_attempt_the_same_way_guarded_by_each_jobs_u
         ("demo-r0-w1", "Foreground", "job-0-1"),
     ]
     assert p.create == [] and p.status["pendingReason"] == "WaitingForOldWorkers"
+    assert p.status["pendingMessage"] == (
+        "waiting for 2 Jobs of earlier attempts to be deleted: pods demo-r0-w1-abcde on node-3 still there"
+    )
 
 
 @pytest.mark.parametrize(

@@ -217,6 +217,7 @@ def _store(group: _Group, stale_grace_seconds: float) -> plans.Plan | None:
     return steps.retire_old_attempts(
         out,
         obs.jobs,
+        pods=obs.pods,
         members=group.members,
         size=group.spec.workers,
         now=now,

@@ -84,6 +84,7 @@ def retire_old_attempts(
     out: plans.Plan,
     jobs: Sequence[Mapping[str, Any]],
     *,
+    pods: Sequence[Mapping[str, Any]],
     members: Sequence[observe.Worker],
     size: int,
     now: datetime,
@@ -92,7 +93,7 @@ def retire_old_attempts(
     """Retire an earlier attempt's Jobs, the one way both policies do it: delete each (Foreground, so its
     pods go first; guarded by its uid, so a namesake created since is never hit) and wait (a plan) while
     any is still going, up to `grace_seconds` after its deletion (a pod stuck on a lost node). None once
-    they are gone: the next attempt may start."""
+    they are gone: the next attempt may start. The wait names the pods still there and their nodes."""
     waiting = []
     for job in jobs:
         if not plans.is_deleting(job):
@@ -105,7 +106,16 @@ def retire_old_attempts(
     if not waiting:
         return None
     message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
+    uids = {job["metadata"].get("uid") for job in waiting}
+    left = [pod for pod in pods if observe.controller_uid(pod) in uids]
+    if left:
+        named = ", ".join(_pod_and_node(pod) for pod in left[:3])
+        message += f": pods {named}{f' and {len(left) - 3} more' if len(left) > 3 else ''} still there"
     return wait_for_old_workers(out, message, members, size, now)
+
+
+def _pod_and_node(pod: Mapping[str, Any]) -> str:
+    return f"{plans.name_of(pod)} on {(pod.get('spec') or {}).get('nodeName') or 'no node'}"
 
 
 def restart_whole_group(

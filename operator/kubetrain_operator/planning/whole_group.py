@@ -22,6 +22,7 @@ def plan(p: steps.Pass, ctx: builders.Context) -> plans.Plan:
     waiting = steps.retire_old_attempts(
         p.out,
         p.stale,
+        pods=p.obs.pods,
         members=p.workers,
         size=p.spec.workers,
         now=p.now,
