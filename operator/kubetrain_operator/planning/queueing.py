@@ -257,7 +257,8 @@ def pods_ready(
     first time, WaitForRecovery after a worker was lost), since Kueue's recovery timeout reads them."""
     before = next((c for c in _conditions(workload) if c.get("type") == PODS_READY), None)
     earlier = (before or {}).get("reason")
-    waiting = sum(not (w.phase == "succeeded" or (w.phase == "running" and w.ready)) for w in workers)
+    counts = st.worker_counts(workers)
+    waiting = len(workers) - counts["ready"] - counts["succeeded"]
     if workers and not waiting:
         ready, reason = True, "Recovered" if earlier in ("WaitForRecovery", "Recovered") else "Started"
         message = f"all {len(workers)} workers are ready or done"
