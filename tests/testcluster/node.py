@@ -14,9 +14,12 @@ sleeps forever; we build one from the same Debian base as the kubetrain images.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -381,10 +384,58 @@ def _ctr_ok(node: Node) -> bool:
     return True
 
 
+NODE_LOCK_WAIT_SECONDS = 3600
+"""How long a second real node waits for the first to stop (a full e2e module takes minutes)."""
+
+
+@contextlib.contextmanager
+def _containerd_root_lock() -> Iterator[None]:
+    """Hold the one containerd root under the build cache for this node's life. Every node keeps its
+    images there (imported once, not per test run), and two containerds on one root cannot both start:
+    the second used to time out after 60 s with no word about why. Now it waits, and says for whom."""
+    lock_path = CACHE_ROOT / "node" / "containerd.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "an unknown process"
+            print(f"[real node] waiting for {holder} to stop its node ({lock_path})", flush=True)
+            deadline = time.monotonic() + NODE_LOCK_WAIT_SECONDS
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise NodeError(
+                            f"{holder} has held the real node's containerd root ({lock_path}) for over "
+                            f"{NODE_LOCK_WAIT_SECONDS} s; only one real node runs on a machine at a time"
+                        ) from None
+                    time.sleep(2)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} ({' '.join(sys.argv[:3])})\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
     """A sandboxed control plane with one real node, Ready, holding the project's images; everything is
-    stopped and removed afterwards (processes, namespace, cgroups, files), whatever happened."""
+    stopped and removed afterwards (processes, namespace, cgroups, files), whatever happened. One at a
+    time per machine (`_containerd_root_lock`)."""
+    with _containerd_root_lock():
+        yield from _real_node_cluster()
+
+
+def _real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
     images = build_images()
     root = Path(tempfile.mkdtemp(prefix="kubetrain-node-"))
     (root / "logs").mkdir()
