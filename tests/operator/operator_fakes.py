@@ -62,6 +62,7 @@ def job(
     condition: str | None = None,
     reason: str | None = None,
     deleting: str | None = None,
+    message: str | None = None,
 ) -> dict[str, Any]:
     """A worker Job as the API returns it; condition is Complete or Failed."""
     out = builders.build_worker_job(context(name, attempt=attempt), index)
@@ -74,6 +75,8 @@ def job(
         status["conditions"] = [
             {"type": condition, "status": "True", "reason": reason or condition, "lastTransitionTime": T0}
         ]
+        if message:
+            status["conditions"][0]["message"] = message
     out["status"] = status
     return out
 
@@ -93,8 +96,11 @@ def pod(
     progress: dict[str, Any] | None = None,
     pod_reason: str | None = None,
     unscheduled: bool = False,
+    node: str | None = None,
+    disruption: str | None = None,
 ) -> dict[str, Any]:
-    """A worker pod in a given state (phase Running/Pending/Succeeded/Failed)."""
+    """A worker pod in a given state (phase Running/Pending/Succeeded/Failed); `disruption` is the reason
+    of a DisruptionTarget condition, as the API server, scheduler or kubelet set it."""
     template = builders.build_pod_template(context(name, attempt=attempt), index)
     job_name = names.worker_job_name(name, attempt, index)
     meta = copy.deepcopy(template["metadata"])
@@ -143,7 +149,12 @@ def pod(
             )
     if unscheduled:
         status["conditions"] = []
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"], "status": status}
+    if disruption:
+        status["conditions"].append(
+            {"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"}
+        )
+    spec = dict(template["spec"], nodeName=node) if node else template["spec"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
 
 
 def service(name: str = "demo") -> dict[str, Any]:

@@ -343,3 +343,17 @@ def test_the_rendezvous_store_is_its_own_pod_on_the_service_at_the_master_port()
     assert container["command"][-3:] == ["kubetrain_trainer.rendezvous_store", "--port", "29600"]
     assert store["metadata"]["labels"][constants.LABEL_ROLE] == constants.ROLE_RENDEZVOUS
     assert builders.build_rendezvous_job(context()) is None
+
+
+def test_an_evicted_member_is_replaced_alone_without_spending_a_restart() -> None:
+    pods = [
+        pod(0, phase="Running", ready=True),
+        pod(1, phase="Failed", exit_code=130, node="node-2", disruption="EvictionByEvictionAPI"),
+        pod(2, phase="Running", ready=True),
+    ]
+    p = plan(status=RUNNING, jobs=[job(0), job(1), job(2)], pods=pods)
+    assert created(p) == ["demo-r1-w1"]
+    assert (p.status["restarts"], p.status["disruptionRestarts"], p.status["restartAttempt"]) == (0, 1, 1)
+    assert "WorkerDisrupted" in reasons(p)
+    assert "on node node-2 was evicted" in p.status["lastFailure"]["message"]
+    assert "replacing worker 1 alone" in p.status["lastFailure"]["message"]

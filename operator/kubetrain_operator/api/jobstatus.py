@@ -104,6 +104,16 @@ class WorkerFailure(base.Model):
     )
     message: str | None = Field(None, description="message is the full human-readable description.")
     restart_attempt: int = Field(0, description="restartAttempt is the attempt the failure happened in.")
+    node: str | None = Field(None, description="node is the node the failed worker's pod ran on.")
+    disruption: str | None = Field(
+        None,
+        description=(
+            "disruption is set when the cluster took the worker away rather than the worker failing: the "
+            "reason of its pod's DisruptionTarget condition (EvictionByEvictionAPI, PreemptionByScheduler, "
+            "DeletionByTaintManager, DeletionByPodGC, TerminationByKubelet), or DisruptionTarget when only "
+            "the worker Job's podFailurePolicy said so. Such a restart counts in disruptionRestarts."
+        ),
+    )
 
 
 class ElasticStatus(base.Model):
@@ -162,6 +172,13 @@ class TrainingJobStatus(base.Model):
         description=(
             "restarts is how many whole-group restarts (on an elastic job: single-worker replacements) "
             "failures have caused (at most maxRestarts)."
+        ),
+    )
+    disruption_restarts: int | None = Field(
+        None,
+        description=(
+            "disruptionRestarts is how many restarts disruptions caused (evictions, drains, preemptions, "
+            "lost nodes: see runPolicy.maxDisruptionRestarts); they are not counted in restarts."
         ),
     )
     restart_attempt: int | None = Field(

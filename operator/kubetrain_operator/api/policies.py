@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES
+from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES, ExitCode
 from pydantic import ConfigDict, Field, model_validator
 
 from kubetrain_operator.api import base
@@ -28,6 +28,20 @@ class RunPolicy(base.Model):
             "the TrainingJob. On an elastic job each replacement of one failed worker counts as one restart. "
             "Default 3, at most 1000. Mutable: raising it revives nothing that already "
             "failed, but counts for later failures."
+        ),
+    )
+    max_disruption_restarts: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_RESTARTS,
+        description=(
+            "maxDisruptionRestarts bounds the restarts caused by disruptions, which never count against "
+            "maxRestarts: a worker pod the cluster took away (the API server's DisruptionTarget condition: "
+            "an eviction or `kubectl drain`, a preemption by the scheduler, a taint on a lost node, the "
+            "pod garbage collector after a node was deleted, the kubelet under node pressure). A group "
+            "restarted for a disruption resumes from its checkpoint as a failure would; the disruption after "
+            "the last allowed one fails the job with reason DisruptionLimitExceeded, so a flapping node "
+            "cannot loop for ever. Default: unlimited, as a Job's podFailurePolicy Ignore rule. Mutable."
         ),
     )
     active_deadline_seconds: int | None = Field(
@@ -103,7 +117,8 @@ class FailurePolicy(base.Model):
             "retryableExitCodes, when set, are the only exit codes that restart the group; any other "
             "non-zero code fails the job at once. Default: unset, every code not in nonRetryableExitCodes "
             "is retryable (the trainer's 1, 10, 11 and 12 among them). Failures without an exit code "
-            "(eviction, node loss, deleted pod) are always retryable. Mutable."
+            "(eviction, node loss, deleted pod) are always retryable, and so is the trainer's 130 (SIGTERM: "
+            "its pod was being deleted). Mutable."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -119,7 +134,7 @@ class FailurePolicy(base.Model):
 
     def is_retryable(self, exit_code: int | None) -> bool:
         """Whether a worker ending with this exit code (None: no code, e.g. evicted) may be restarted."""
-        if exit_code is None:
+        if exit_code is None or exit_code == ExitCode.INTERRUPTED:
             return True
         if exit_code in self.non_retryable_exit_codes:
             return False

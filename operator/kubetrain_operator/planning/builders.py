@@ -449,6 +449,17 @@ def build_pod_group(ctx: Context) -> dict[str, Any] | None:
     return {"apiVersion": api_version, "kind": "PodGroup", "metadata": metadata, "spec": spec}
 
 
+DISRUPTION_POD_FAILURE_POLICY: dict[str, Any] = {
+    "rules": [
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
+}
+"""The Job fails as it would anyway (backoffLimit 0), but with reason PodFailurePolicy and a message
+naming DisruptionTarget, so a disruption is still told from a crash once its pod is gone (see
+`observe.read_worker`). A Job with a podFailurePolicy also counts a terminating pod as failed only once it
+reached a terminal phase: the Job does not fail while the pod's process may still write."""
+
+
 def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:
     """Worker `index`'s batch Job for `ctx.restart_attempt`: one pod, never retried by the Job controller."""
     name = names.worker_job_name(ctx.owner.name, ctx.restart_attempt, index)
@@ -460,6 +471,7 @@ def build_worker_job(ctx: Context, index: int) -> dict[str, Any]:
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": 0,
+            "podFailurePolicy": DISRUPTION_POD_FAILURE_POLICY,
             "template": build_pod_template(ctx, index),
         },
     }
@@ -518,6 +530,7 @@ def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": 0,
+            "podFailurePolicy": DISRUPTION_POD_FAILURE_POLICY,
             "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     }

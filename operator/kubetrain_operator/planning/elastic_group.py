@@ -82,9 +82,14 @@ def _read_store(obs_jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[st
     return observe.read_worker(-1, 0, job, [p for p in pods if is_rendezvous(p)])
 
 
-def decide_failure(spec: api.TrainingJobSpec, worker: Worker, restarts: int) -> failure.Decision:
-    """What one failed worker of an elastic group means, given `restarts` spent so far: "restart" (replace
-    it alone, as restart `restarts + 1`) or "fail". Shared by the operator and `kubetrain run --local`."""
+def decide_failure(
+    spec: api.TrainingJobSpec, worker: Worker, restarts: int, disruptions: int = 0
+) -> failure.Decision:
+    """What one failed worker of an elastic group means, given the `restarts` and `disruptions` spent so
+    far: "restart" (replace it alone, as restart `restarts + 1`, or as one more disruption restart when
+    the cluster took it away) or "fail". Shared by the operator and `kubetrain run --local`."""
+    if worker.disruption:
+        return failure.decide_disruption(spec, worker, disruptions, f"replacing worker {worker.index} alone")
     what = failure.describe_failure(worker)
     if not spec.failure_policy.is_retryable(worker.exit_code):
         return failure.Decision(
@@ -246,12 +251,17 @@ def _replace_failed(group: _Group) -> plans.Plan | None:
         return None
     spec = group.spec
     # A non-retryable code anywhere is the root cause; the other failures are usually its peers.
-    for member in sorted(failed, key=lambda m: spec.failure_policy.is_retryable(m.exit_code)):
-        decision = decide_failure(spec, member, group.restarts)
+    for member in sorted(
+        failed, key=lambda m: bool(m.disruption) or spec.failure_policy.is_retryable(m.exit_code)
+    ):
+        decision = decide_failure(spec, member, group.restarts, steps.disruption_restarts(group.status))
         if decision.action == "fail":
             return group.fail(decision.reason, decision.message, member)
         group.counter += 1
-        group.restarts += 1
+        if decision.disruption:
+            group.status["disruptionRestarts"] = steps.disruption_restarts(group.status) + 1
+        else:
+            group.restarts += 1
         group.attempts[member.index] = group.counter
         group.status["lastFailure"] = steps.failure_record(member, member.attempt, decision.message)
         group.out.events.append(plans.Event("Warning", decision.reason, decision.message))

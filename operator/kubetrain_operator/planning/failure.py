@@ -8,6 +8,12 @@
   PEER_LOST), otherwise the earliest failure is blamed.
 - Non-retryable exit codes (failurePolicy) fail the job at once; otherwise the group restarts while
   restarts < maxRestarts, and the next failure fails the job with reason RestartLimitExceeded.
+- A disruption is not a failure: when the cluster took a worker of the group away (its pod's
+  DisruptionTarget condition: eviction, drain, preemption, lost node), the group restarts from its
+  checkpoint without spending maxRestarts, up to runPolicy.maxDisruptionRestarts (unlimited by default).
+  In a fixed-size group every other rank dies of the lost peer, often in the same second, so any disrupted
+  worker of the attempt makes the group's failure a disruption, unless a non-retryable exit code says the
+  job cannot run at all.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ class Decision:
     reason: str
     message: str
     worker: Worker | None = None
+    disruption: bool = False
+    """The restart is for a disruption: counted in status.disruptionRestarts, not in restarts."""
 
 
 def describe_exit_code(code: int) -> str:
@@ -57,17 +65,64 @@ def describe_failure(worker: Worker) -> str:
     return text
 
 
+DISRUPTION_WORDS = {
+    "EvictionByEvictionAPI": "was evicted through the Eviction API (a drain or an eviction)",
+    "PreemptionByScheduler": "was preempted by the scheduler for a higher-priority pod",
+    "DeletionByTaintManager": "was deleted by the taint manager (its node was NotReady or unreachable)",
+    "DeletionByPodGC": "was deleted by the pod garbage collector (its node is gone)",
+    "TerminationByKubelet": "was terminated by the kubelet (node pressure or shutdown)",
+}
+"""What each DisruptionTarget reason means, in the words of a status message."""
+
+
+def describe_disruption(worker: Worker) -> str:
+    """`worker 1 (pod x) on node n was evicted through the Eviction API (a drain or an eviction)`."""
+    who = f"worker {worker.index}"
+    if worker.pod_name:
+        who += f" (pod {worker.pod_name})"
+    if worker.node:
+        who += f" on node {worker.node}"
+    reason = worker.disruption or "DisruptionTarget"
+    return f"{who} {DISRUPTION_WORDS.get(reason, f'was disrupted ({reason})')}"
+
+
+def decide_disruption(spec: api.TrainingJobSpec, worker: Worker, disruptions: int, then: str) -> Decision:
+    """Restart for `worker`'s disruption (`then` says how), counted as disruption `disruptions + 1`, or
+    fail with DisruptionLimitExceeded once runPolicy.maxDisruptionRestarts are spent."""
+    what = describe_disruption(worker)
+    limit = spec.run_policy.max_disruption_restarts
+    if limit is not None and disruptions >= limit:
+        return Decision(
+            "fail",
+            "DisruptionLimitExceeded",
+            f"{what}; the disruption budget is spent ({disruptions} of maxDisruptionRestarts {limit})",
+            worker,
+        )
+    count = f"disruption {disruptions + 1}" + (f" of {limit}" if limit is not None else "")
+    return Decision(
+        "restart",
+        "WorkerDisrupted",
+        f"{what}; {then} ({count}, not counted against maxRestarts)",
+        worker,
+        disruption=True,
+    )
+
+
 def _blame(failed: Sequence[Worker], policy: api.FailurePolicy) -> tuple[Worker, bool]:
-    """The worker to name and whether its failure is retryable."""
-    permanent = [w for w in failed if not policy.is_retryable(w.exit_code)]
+    """The worker to name and whether its failure is retryable (a disrupted worker's exit code, often
+    the SIGTERM one, is never taken for a verdict on the job)."""
+    permanent = [w for w in failed if not w.disruption and not policy.is_retryable(w.exit_code)]
     if permanent:
         return min(permanent, key=lambda w: w.index), False
     # Earliest finish first; workers without a time (Job-level failures) after, lowest index first.
     return min(failed, key=lambda w: (w.finished_at is None, w.finished_at or "", w.index)), True
 
 
-def decide(spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int) -> Decision:
-    """What to do with the group of the current attempt, given the failure and success policies."""
+def decide(
+    spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int, disruptions: int = 0
+) -> Decision:
+    """What to do with the group of the current attempt, given the failure and success policies and the
+    restarts and disruption restarts spent so far."""
     failed = [w for w in workers if w.phase == "failed"]
     if failed:
         worker, retryable = _blame(failed, spec.failure_policy)
@@ -78,6 +133,13 @@ def decide(spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int) 
                 "NonRetryableExitCode",
                 f"{what}: the exit code is non-retryable (failurePolicy)",
                 worker,
+            )
+        disrupted = [w for w in workers if w.disruption]
+        if disrupted:
+            # The failed ones first (the cause is over), then by index.
+            cause = min(disrupted, key=lambda w: (w.phase != "failed", w.index))
+            return decide_disruption(
+                spec, cause, disruptions, "restarting the whole group from its checkpoint"
             )
         limit = spec.run_policy.max_restarts
         if restarts >= limit:

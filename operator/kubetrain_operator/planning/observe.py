@@ -48,6 +48,9 @@ class Worker:
     message: str | None = None
     deleting: bool = False
     finished_at: str | None = None
+    node: str | None = None
+    disruption: str | None = None
+    """Why the cluster took this worker away (its pod's DisruptionTarget reason), None if it did not."""
 
 
 def scheduler_message(message: str | None) -> str | None:
@@ -118,6 +121,24 @@ def _newest(objs: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return ordered[-1] if ordered else None
 
 
+DISRUPTION_CONDITION = "DisruptionTarget"
+"""The pod condition the API server, scheduler, taint manager, pod GC and kubelet set on a pod they are
+about to take away; its reason says which of them did."""
+
+POD_FAILURE_POLICY = "PodFailurePolicy"
+"""The Job condition reason when a podFailurePolicy rule failed the Job; the worker Jobs' one rule matches
+DisruptionTarget, and the Job controller's message names the condition."""
+
+
+def disruption_of(pod: Mapping[str, Any]) -> str | None:
+    """The pod's DisruptionTarget reason (or the condition's name when it has none) while the condition is
+    True: the cluster, not the worker, ended or is ending it."""
+    cond = _condition(pod, DISRUPTION_CONDITION)
+    if cond is None:
+        return None
+    return cond.get("reason") or DISRUPTION_CONDITION
+
+
 def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | None) -> Worker:
     meta = pod.get("metadata", {})
     status = pod.get("status", {})
@@ -130,6 +151,8 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
         "attempt": attempt,
         "job_name": job_name,
         "pod_name": meta.get("name"),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "disruption": disruption_of(pod),
     }
     if phase == "Succeeded" or (terminated and terminated.get("exitCode") == 0):
         return Worker(
@@ -195,15 +218,23 @@ def read_worker(
         )
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
     if failed:
+        reason = failed.get("reason") or "JobFailed"
+        message = failed.get("message")
+        # The pod is gone; the Job's podFailurePolicy verdict still says whether the cluster took it.
+        by_policy = reason == POD_FAILURE_POLICY and DISRUPTION_CONDITION in (message or "")
+        disruption = (worker.disruption if worker else None) or (DISRUPTION_CONDITION if by_policy else None)
         return Worker(
             index=index,
             attempt=attempt,
             phase="failed",
             job_name=job_name,
-            reason=failed.get("reason") or "JobFailed",
-            message=failed.get("message"),
+            pod_name=worker.pod_name if worker else None,
+            reason=reason,
+            message=message,
             deleting=deleting,
             finished_at=failed.get("lastTransitionTime"),
+            node=worker.node if worker else None,
+            disruption=disruption,
         )
     if deleting:
         # Only the operator deletes Jobs of the current attempt, and then it moves to another attempt:

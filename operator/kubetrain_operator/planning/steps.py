@@ -127,13 +127,16 @@ def restart_whole_group(
     restarts: int,
     now: datetime,
 ) -> plans.Plan:
-    """Start the whole group over as attempt `attempt + 1`, counted as restart `restarts + 1`: the
-    decision goes into status (written first, so it is durable before its effects), every Job goes
-    (Foreground, guarded by its uid), and a later pass creates the new attempt once they are gone
-    (`retire_old_attempts`)."""
+    """Start the whole group over as attempt `attempt + 1`, counted as restart `restarts + 1` (or, for a
+    disruption, as one more of status.disruptionRestarts): the decision goes into status (written first,
+    so it is durable before its effects), every Job goes (Foreground, guarded by its uid), and a later
+    pass creates the new attempt once they are gone (`retire_old_attempts`)."""
     status = out.status
     status["restartAttempt"] = attempt + 1
-    status["restarts"] = restarts + 1
+    if decision.disruption:
+        status["disruptionRestarts"] = disruption_restarts(status) + 1
+    else:
+        status["restarts"] = restarts + 1
     st.enter_phase(status, "Restarting", decision.reason, decision.message, now)
     out.events.append(plans.Event("Warning", "Restarting", decision.message))
     out.transitions.append("restarted")
@@ -157,6 +160,11 @@ def wait_for_old_workers(
     return out
 
 
+def disruption_restarts(status: Mapping[str, Any]) -> int:
+    """The restarts disruptions caused so far (absent until the first)."""
+    return int(status.get("disruptionRestarts") or 0)
+
+
 def failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[str, Any]:
     return api.WorkerFailure(
         worker=worker.index,
@@ -165,6 +173,8 @@ def failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[s
         reason=worker.reason,
         message=message,
         restart_attempt=attempt,
+        node=worker.node,
+        disruption=worker.disruption,
     ).model_dump(by_alias=True, exclude_none=True)
 
 

@@ -46,7 +46,7 @@ def _verdict(p: steps.Pass) -> plans.Plan | None:
     """What the failure and success policies decide (`failure.decide`): fail, restart the group, or
     succeed; None while the group runs on."""
     out, spec, status = p.out, p.spec, p.status
-    decision = failure.decide(spec, p.workers, p.restarts)
+    decision = failure.decide(spec, p.workers, p.restarts, steps.disruption_restarts(status))
     if decision.action == "fail":
         return p.fail(decision.reason, decision.message, decision.worker)
     if decision.action == "restart":
