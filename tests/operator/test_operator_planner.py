@@ -609,6 +609,7 @@ def test_progress_of_rank0_is_copied_to_status_and_kept() -> None:
         "loss": 0.75,
         "validationLoss": 0.9,
         "accuracy": 0.6,
+        "imagesPerSecond": 2400.5,
         "updatedAt": "2026-01-01T00:59:00Z",
         "resumedFrom": {"attempt": 2, "epoch": 3, "step": 100},
     }

@@ -58,6 +58,7 @@ def test_progress_reports_training_and_validation_loss_each_under_its_own_name(t
     assert progress["loss"] == last["train_loss"]  # status.progress.loss: documented as training loss
     assert progress["validationLoss"] == last["val_loss"]
     assert progress["accuracy"] == last["val_accuracy"]
+    assert progress["imagesPerSecond"] == last["images_per_second"] > 0  # the epoch's throughput
 
 
 def test_model_file_loads_with_weights_only_and_carries_its_preprocessing(trained: Path) -> None:

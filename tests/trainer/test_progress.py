@@ -49,11 +49,16 @@ def test_report_writes_progress_json_and_merge_patches_the_pod_annotation(api: s
     token = tmp_path / "token"
     token.write_text("secret-token\n")
     annotator = PodAnnotator(api, "team-a", "job-worker-0", token, None)
-    record = progress_record(epoch=3, epochs=10, step=300, loss=0.5, accuracy=0.75, validation_loss=0.6)
+    record = progress_record(
+        epoch=3, epochs=10, step=300, loss=0.5, accuracy=0.75, validation_loss=0.6, images_per_second=1234.56
+    )
     ProgressReporter(tmp_path / "job", annotator).report(record)
 
     assert json.loads((tmp_path / "job" / "progress.json").read_text()) == record
-    assert set(record) == {"epoch", "epochs", "step", "loss", "validationLoss", "accuracy", "updatedAt"}
+    assert set(record) == {
+        "epoch", "epochs", "step", "loss", "validationLoss", "accuracy", "imagesPerSecond", "updatedAt"
+    }  # fmt: skip
+    assert record["imagesPerSecond"] == 1234.6
     (request,) = _Recorder.requests
     assert request["path"] == "/api/v1/namespaces/team-a/pods/job-worker-0"
     assert request["headers"]["Content-Type"] == "application/merge-patch+json"

@@ -81,9 +81,12 @@ def test_a_remapped_position_never_passes_the_epochs_end(tmp_path: Path) -> None
 
 def test_a_resumed_attempt_reports_the_last_completed_epochs_figures() -> None:
     progress = TrainState(
-        epoch=1, step=8, history=[{"train_loss": 1.5, "val_loss": 1.75, "val_accuracy": 0.5}]
+        epoch=1,
+        step=8,
+        history=[{"train_loss": 1.5, "val_loss": 1.75, "val_accuracy": 0.5, "images_per_second": 800.0}],
     )
     record = resume.resume_record(progress, 3, {"attempt": 2, "epoch": 1, "step": 8})
     assert (record["epoch"], record["epochs"], record["step"]) == (1, 3, 8)
     assert (record["loss"], record["validationLoss"], record["accuracy"]) == (1.5, 1.75, 0.5)
+    assert record["imagesPerSecond"] == 800.0
     assert record["resumedFrom"] == {"attempt": 2, "epoch": 1, "step": 8}

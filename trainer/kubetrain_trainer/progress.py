@@ -2,11 +2,13 @@
 
 Rank 0 writes the same JSON object to both after every epoch, and once at start-up when it resumed:
 `{"epoch": int, "epochs": int, "step": int, "loss": float | null, "validationLoss": float | null,
-"accuracy": float | null, "updatedAt": RFC 3339}`: `loss` is the epoch's mean training loss,
-`validationLoss` and `accuracy` are measured on the validation split. A resumed run adds
-`"resumedFrom": {"attempt": int, "epoch": int, "step": int}`: the restart attempt (KUBETRAIN_RESTART_ATTEMPT)
-and the checkpoint's position (the epoch of its last step, and the run's step count), so comparing it with
-the last progress of the attempt before shows how much training the restart lost.
+"accuracy": float | null, "imagesPerSecond": float | null, "updatedAt": RFC 3339}`: `loss` is the epoch's
+mean training loss, `validationLoss` and `accuracy` are measured on the validation split, and
+`imagesPerSecond` is the epoch's training throughput of the whole group (global batch x steps / seconds).
+A resumed run adds `"resumedFrom": {"attempt": int, "epoch": int, "step": int}`: the restart attempt
+(KUBETRAIN_RESTART_ATTEMPT) and the checkpoint's position (the epoch of its last step, and the run's step
+count), so comparing it with the last progress of the attempt before shows how much training the restart
+lost.
 The annotation is a JSON merge patch of its own pod through the in-cluster service account, with urllib
 and ssl only (the trainer image carries no Kubernetes client); a failed patch is a warning, never fatal.
 """
@@ -46,9 +48,11 @@ def progress_record(
     accuracy: float | None,
     *,
     validation_loss: float | None = None,
+    images_per_second: float | None = None,
     resumed_from: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The progress JSON object (`loss` training, the others validation), with the time it was produced."""
+    """The progress JSON object (`loss` training, `validation_loss` and `accuracy` validation,
+    `images_per_second` the epoch's training throughput), with the time it was produced."""
     record: dict[str, Any] = {
         "epoch": epoch,
         "epochs": epochs,
@@ -56,6 +60,7 @@ def progress_record(
         "loss": _rounded(loss),
         "validationLoss": _rounded(validation_loss),
         "accuracy": _rounded(accuracy),
+        "imagesPerSecond": None if images_per_second is None else round(float(images_per_second), 1),
         "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if resumed_from is not None:

@@ -173,6 +173,7 @@ class Trainer:
                     loss=trained.loss,
                     accuracy=report.accuracy,
                     validation_loss=val_loss,
+                    images_per_second=images_per_second,
                     resumed_from=self.resumed_from,
                 )
             )

@@ -86,6 +86,10 @@ class Progress(base.Model):
         None,
         description="accuracy is the last reported validation-split accuracy, 0..1 (column Val-Accuracy).",
     )
+    images_per_second: float | None = Field(
+        None,
+        description="imagesPerSecond is the last reported epoch's training throughput, all workers together.",
+    )
     updated_at: str | None = Field(None, description="updatedAt is when rank 0 wrote the report (RFC 3339).")
     resumed_from: ResumedFrom | None = Field(
         None,

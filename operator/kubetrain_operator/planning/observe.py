@@ -335,6 +335,7 @@ def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None)
         ("loss", float),
         ("validationLoss", float),
         ("accuracy", float),
+        ("imagesPerSecond", float),
     )
     for key, kind in numbers:
         value = data.get(key)

@@ -98,5 +98,6 @@ def resume_record(progress: TrainState, epochs: int, resumed_from: dict[str, int
         loss=last.get("train_loss"),
         accuracy=last.get("val_accuracy"),
         validation_loss=last.get("val_loss"),
+        images_per_second=last.get("images_per_second"),
         resumed_from=resumed_from,
     )
