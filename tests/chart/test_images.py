@@ -9,6 +9,7 @@ the trainer). That proves the entrypoint exists and works with exactly the image
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -92,16 +93,14 @@ def test_trainer_image_uid_matches_the_worker_pods_default_security_context() ->
 @pytest.mark.parametrize("image", DOCKERFILES)
 def test_image_installs_the_project_wheel_with_only_its_own_extra(image: str) -> None:
     """The pinned dependencies of the image's own extra, in a layer of their own (torch is gigabytes: a
-    code change must not rebuild it), then the wheel `pip wheel .` builds for the current version."""
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    wheel = f"kubetrain-{project['version']}-py3-none-any.whl"
+    code change must not rebuild it), then the one wheel `pip wheel .` built, whatever its version."""
     assert f"['optional-dependencies']['{EXTRAS[image]}']" in DOCKERFILES[image].read_text()
     installs = [
         rest for key, rest in last_stage(DOCKERFILES[image]) if key == "RUN" and "pip install" in rest
     ]
     assert len(installs) == 2, installs
     assert installs[0].startswith("pip install --requirement /requirements.txt"), installs[0]
-    assert installs[1].startswith(f"pip install --no-deps /wheels/{wheel}"), installs[1]
+    assert installs[1].startswith("pip install --no-deps /wheels/kubetrain-*-py3-none-any.whl"), installs[1]
 
 
 def test_trainer_extra_pins_the_torch_pair_the_image_ships() -> None:
@@ -199,7 +198,8 @@ def test_wheel_the_dockerfiles_install_builds_from_the_admitted_context(tmp_path
     installs = [
         rest for key, rest in last_stage(DOCKERFILES["operator"]) if key == "RUN" and "pip install" in rest
     ]
-    assert len(built) == 1 and f"/wheels/{built[0]}" in installs[-1], (built, installs)
+    pattern = next(arg for arg in installs[-1].split() if arg.startswith("/wheels/"))
+    assert len(built) == 1 and fnmatch.fnmatchcase(f"/wheels/{built[0]}", pattern), (built, installs)
     with zipfile.ZipFile(wheels / built[0]) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith("entry_points.txt"))
