@@ -9,6 +9,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
+ACTIONLINT_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-actionlint.sh"
 CACHE_ROOT = Path(os.environ.get("KUBETRAIN_CACHE", Path.home() / ".cache" / "kubetrain"))
 """Where builds are cached (binaries, images, the real node's image store), as hack/*.sh use it."""
 REQUIRED = (
@@ -36,3 +37,21 @@ def ensure_binaries() -> Path:
     if missing:
         raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {', '.join(missing)} missing in {bin_dir}")
     return bin_dir
+
+
+def ensure_actionlint() -> Path:
+    """Return the actionlint binary, building it alone if missing (about 15 s cold, nothing when cached).
+
+    The workflow checks need only this one tool, not the control plane that `ensure_binaries` builds.
+    """
+    result = subprocess.run(
+        ["bash", str(ACTIONLINT_BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=True,
+    )
+    binary = Path(result.stdout.strip().splitlines()[-1]) / "actionlint"
+    if not binary.is_file():
+        raise FileNotFoundError(f"{ACTIONLINT_BUILD_SCRIPT} finished but {binary} is missing")
+    return binary
