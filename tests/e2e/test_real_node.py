@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from kubetrain_operator.api import constants
 from testcluster import quickstart, workload
 from testcluster.cluster import Cluster
 from testcluster.node import Node
@@ -36,7 +37,7 @@ def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(inst
     assert len(pods) == 1, [pod["metadata"]["name"] for pod in pods]
     pod = pods[0]
     container = pod["spec"]["containers"][0]
-    assert container["image"] == "ghcr.io/kubetrain/kubetrain-operator:0.1.0"
+    assert container["image"] == constants.OPERATOR_IMAGE
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsUser"] == 65532
     assert pod["status"]["containerStatuses"][0]["ready"] is True
