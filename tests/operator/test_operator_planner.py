@@ -200,11 +200,41 @@ def test_next_attempt_starts_when_old_jobs_are_gone() -> None:
     assert _cond(then, "Restarting")["status"] == "False"
 
 
-def test_old_jobs_stuck_terminating_are_given_up_on_after_the_grace_period() -> None:
+def _stuck_on_a_lost_node(index: int, attempt: int) -> dict[str, Any]:
+    """An old attempt's pod whose kubelet never confirmed it stopped: still Running, its grace period
+    (the deletionTimestamp the API server set) long over, as on a node cut off from the API server."""
+    stuck = pod(index, attempt, phase="Running", node="node-3")
+    stuck["metadata"]["deletionTimestamp"] = (NOW - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return stuck
+
+
+def test_old_jobs_stuck_terminating_are_waited_for_however_long_naming_the_pod_and_its_way_out() -> None:
     status = dict(STARTED, phase="Restarting", restartAttempt=1, restarts=1)
-    long_ago = (NOW - timedelta(seconds=plans.STALE_GRACE_SECONDS + 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    p = _plan(status=status, jobs=[job(0, 0, deleting=long_ago)])
-    assert _created(p) == ["demo-r1-w0", "demo-r1-w1"]
+    hours_ago = (NOW - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    p = _plan(status=status, jobs=[job(0, 0, deleting=hours_ago)], pods=[_stuck_on_a_lost_node(0, 0)])
+    assert p.create == [], "a pod that may still train keeps the next attempt from starting"
+    assert p.status["pendingReason"] == "WaitingForOldWorkers"
+    message = p.status["pendingMessage"]
+    assert "pods demo-r0-w0-abcde on node-3 still there" in message
+    assert "past its grace period" in message
+    assert "kubectl delete pod demo-r0-w0-abcde --force --grace-period=0" in message
+
+
+def test_a_deleted_namesakes_pod_still_running_keeps_a_new_job_from_creating_workers() -> None:
+    namesake = _stuck_on_a_lost_node(1, 0)
+    namesake["metadata"]["ownerReferences"][0]["uid"] = "a-deleted-namesakes-job"
+    p = _plan(with_service=False, pods=[namesake])
+    assert p.create == []
+    assert p.status["pendingReason"] == "WaitingForOldWorkers"
+    assert "pods of an earlier TrainingJob of this name" in p.status["pendingMessage"]
+    assert "demo-r0-w1-abcde on node-3" in p.status["pendingMessage"]
+
+
+def test_a_deleted_namesakes_pod_that_ended_does_not_hold_a_new_job() -> None:
+    ended = pod(1, 0, phase="Failed", exit_code=1)
+    ended["metadata"]["ownerReferences"][0]["uid"] = "a-deleted-namesakes-job"
+    p = _plan(with_service=False, pods=[ended])
+    assert _created(p) == ["demo", "demo-r0-w0", "demo-r0-w1"]
 
 
 def test_stale_jobs_from_an_earlier_attempt_are_deleted() -> None:

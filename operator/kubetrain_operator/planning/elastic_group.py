@@ -168,7 +168,6 @@ def plan(
     *,
     ctx: builders.Context,
     fail: Fail,
-    stale_grace_seconds: float,
 ) -> plans.Plan:
     """Steps 5 to 10 of `planner.plan` for an elastic job; `out.status` already carries the changes of
     the earlier steps (spec checks, suspend, deadline). Each step decides the pass or lets the next go on."""
@@ -189,7 +188,7 @@ def plan(
     )
     # 5. The rendezvous store: lost while workers of this group exist, the group starts over; a new group
     # waits for the old one's Jobs to go.
-    if (decided := _store(group, stale_grace_seconds)) is not None:
+    if (decided := _store(group)) is not None:
         return decided
     # 6. Failures: replace each failed worker alone, within the budget; non-retryable codes fail the job.
     if (failed := _replace_failed(group)) is not None:
@@ -206,7 +205,7 @@ def plan(
     return out
 
 
-def _store(group: _Group, stale_grace_seconds: float) -> plans.Plan | None:
+def _store(group: _Group) -> plans.Plan | None:
     obs, out, store, now = group.obs, group.out, group.store, group.now
     present = [m for m in group.members if m.phase != "missing"]
     store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
@@ -218,16 +217,11 @@ def _store(group: _Group, stale_grace_seconds: float) -> plans.Plan | None:
     if store is not None and not store.deleting:
         return None
     # A new group (first start, after a restart or a resume): the old Jobs go first, the store's fixed
-    # name and any old rank 0 writing checkpoints with them.
+    # name and any old rank 0 writing checkpoints with them, and no namesake's pod may still run.
+    size = group.spec.workers
     return steps.retire_old_attempts(
-        out,
-        obs.jobs,
-        pods=obs.pods,
-        members=group.members,
-        size=group.spec.workers,
-        now=now,
-        grace_seconds=stale_grace_seconds,
-    )
+        out, obs.jobs, pods=obs.pods, members=group.members, size=size, now=now
+    ) or steps.wait_for_lingering_pods(out, obs.lingering_pods, members=group.members, size=size, now=now)
 
 
 def _restart_group(group: _Group, why: str) -> plans.Plan:

@@ -108,6 +108,12 @@ def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     return None
 
 
+def has_ended(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's containers can no longer run: its phase is Succeeded or Failed. A pod being
+    deleted has not ended until then (a pod on an unreachable node stays Running, maybe truly running)."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     statuses = pod.get("status", {}).get("containerStatuses") or ()
     for status in statuses:

@@ -253,7 +253,6 @@ def _elastic(p: steps.Pass, queue: queueing.Queued, ctx: builders.Context) -> pl
         p.now,
         ctx=dataclasses.replace(ctx, spec=admitted),
         fail=p.fail,
-        stale_grace_seconds=p.defaults.stale_grace_seconds,
     )
     if admitted.workers < spec.workers and status.get("phase") not in api.TERMINAL_PHASES:
         held = (

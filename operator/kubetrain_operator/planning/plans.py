@@ -18,9 +18,6 @@ from kubetrain_operator.api import constants
 from kubetrain_operator.planning import admission, observe
 from kubetrain_operator.planning import status as st
 
-STALE_GRACE_SECONDS = 120.0
-"""How long to wait for an old attempt's Jobs to disappear before starting the next attempt anyway."""
-
 RESYNC_SECONDS = 60.0
 """Reconcile an unfinished job at least this often, even without events."""
 
@@ -88,6 +85,10 @@ class Observed:
     taken: Sequence[tuple[str, str]] = ()
     """(kind, name) of children filed under this TrainingJob's name that another object controls, such as
     a deleted namesake's not yet garbage-collected: those names are not free to create."""
+    lingering_pods: Sequence[Mapping[str, Any]] = ()
+    """Pods filed under this TrainingJob's name that none of its Jobs controls and that have not ended: a
+    deleted namesake's, or an orphan whose Job went without it. They may still run and write the same
+    checkpoints, and the headless Service publishes their addresses under the workers' hostnames."""
 
     @classmethod
     def from_objects(
@@ -123,6 +124,9 @@ class Observed:
             # Pods belong to our Jobs; pods of a deleted namesake's Jobs may linger until collected.
             pods=[p for p in pods if observe.controller_uid(p) in job_uids],
             taken=[(kind, name_of(obj)) for kind, obj in others],
+            lingering_pods=[
+                p for p in pods if observe.controller_uid(p) not in job_uids and not observe.has_ended(p)
+            ],
         )
 
 
@@ -161,7 +165,6 @@ class Defaults:
 
     image: str = constants.TRAINER_IMAGE
     service_account: str | None = None
-    stale_grace_seconds: float = STALE_GRACE_SECONDS
     resync_seconds: float = RESYNC_SECONDS
     policy: admission.Policy = dataclasses.field(default_factory=admission.Policy)
     gang_provider: api.GangProvider | None = None

@@ -88,30 +88,66 @@ def retire_old_attempts(
     members: Sequence[observe.Worker],
     size: int,
     now: datetime,
-    grace_seconds: float,
 ) -> plans.Plan | None:
-    """Retire an earlier attempt's Jobs, the one way both policies do it: delete each (Foreground, so its
-    pods go first; guarded by its uid, so a namesake created since is never hit) and wait (a plan) while
-    any is still going, up to `grace_seconds` after its deletion (a pod stuck on a lost node). None once
-    they are gone: the next attempt may start. The wait names the pods still there and their nodes."""
+    """Retire an earlier attempt's Jobs, the one way both policies do it: delete each (Foreground, so the
+    Job stays until its pods are gone; guarded by its uid, so a namesake created since is never hit) and
+    wait (a plan) while any is still there, however long: one attempt runs at a time, as Kubernetes keeps
+    one pod per StatefulSet ordinal. A pod on an unreachable node is gone when its node is deleted or the
+    pod is force-deleted; the wait names the pods still there and their nodes, and says so for those past
+    their grace period. None once the Jobs are gone: the next attempt may start."""
     waiting = []
     for job in jobs:
         if not plans.is_deleting(job):
             out.delete.append(plans.deletion("Job", job, "Foreground"))
-            waiting.append(job)
-        else:
-            since = observe.parse_time(job["metadata"]["deletionTimestamp"])
-            if since is None or seconds_between(since, now) < grace_seconds:
-                waiting.append(job)
+        waiting.append(job)
     if not waiting:
         return None
     message = f"waiting for {len(waiting)} Jobs of earlier attempts to be deleted"
     uids = {job["metadata"].get("uid") for job in waiting}
     left = [pod for pod in pods if observe.controller_uid(pod) in uids]
     if left:
-        named = ", ".join(_pod_and_node(pod) for pod in left[:3])
-        message += f": pods {named}{f' and {len(left) - 3} more' if len(left) > 3 else ''} still there"
+        message += f": {pods_still_there(left, now)}"
     return wait_for_old_workers(out, message, members, size, now)
+
+
+def wait_for_lingering_pods(
+    out: plans.Plan,
+    lingering: Sequence[Mapping[str, Any]],
+    *,
+    members: Sequence[observe.Worker],
+    size: int,
+    now: datetime,
+) -> plans.Plan | None:
+    """Create no worker while a pod no Job of ours controls may still run under our name (a namesake's,
+    an orphan): it would train beside the new group, write the same checkpoints and answer to the same
+    hostnames. None when there is none."""
+    if not lingering:
+        return None
+    there = pods_still_there(lingering, now)
+    message = f"waiting for pods of an earlier TrainingJob of this name to end: {there}"
+    return wait_for_old_workers(out, message, members, size, now)
+
+
+def pods_still_there(pods: Sequence[Mapping[str, Any]], now: datetime) -> str:
+    """`pods a on node-1, b on node-2 still there`, and for a pod past the end of its grace period (its
+    kubelet has not confirmed it stopped: the node may be unreachable) how it goes."""
+    named = ", ".join(_pod_and_node(pod) for pod in pods[:3])
+    text = f"pods {named}{f' and {len(pods) - 3} more' if len(pods) > 3 else ''} still there"
+    overdue = [pod for pod in pods if _past_grace(pod, now)]
+    if overdue:
+        pod = overdue[0]
+        text += (
+            f"; {plans.name_of(pod)} is past its grace period, so its node may be unreachable: it goes when "
+            "the node is deleted, or by `kubectl delete pod "
+            f"{plans.name_of(pod)} --force --grace-period=0` once you know it no longer runs"
+        )
+    return text
+
+
+def _past_grace(pod: Mapping[str, Any], now: datetime) -> bool:
+    """The API server sets deletionTimestamp to the deletion request's time plus its grace period."""
+    deadline = observe.parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return deadline is not None and deadline < now
 
 
 def _pod_and_node(pod: Mapping[str, Any]) -> str:

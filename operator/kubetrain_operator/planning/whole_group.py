@@ -2,8 +2,9 @@
 
 DDP cannot lose a rank, so a failure bumps status.restartAttempt and retires the old attempt's Jobs
 (`steps.retire_old_attempts`: Foreground, so their pods go first, guarded by uid); the new attempt's Jobs
-(new names) are created once the old ones are gone, or after the stale grace when a pod is stuck
-terminating on a lost node. The failure and success policies themselves are `failure.decide`.
+(new names) are created once the old ones are gone, however long a pod stuck terminating on a lost node
+takes (one attempt runs at a time), and once no pod of a namesake can still run. The failure and success
+policies themselves are `failure.decide`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ def plan(p: steps.Pass, ctx: builders.Context) -> plans.Plan:
         members=p.workers,
         size=p.spec.workers,
         now=p.now,
-        grace_seconds=p.defaults.stale_grace_seconds,
     )
     if waiting is not None:
         return waiting
@@ -85,6 +85,13 @@ def _create_missing(
     per_attempt = ctx.gang_provider in gang.PER_ATTEMPT_GROUPS
     if group is not None and (len(missing) == spec.workers if per_attempt else obs.service is None):
         out.create.append(group)
+    if missing and (
+        lingering := steps.wait_for_lingering_pods(
+            out, obs.lingering_pods, members=p.workers, size=spec.workers, now=p.now
+        )
+    ):
+        out.create = []
+        return lingering
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
     taken = set(obs.taken)
     blocked = [
