@@ -57,15 +57,27 @@ def test_the_operator_logs_one_json_object_per_line_naming_the_trainingjob(
         cluster, namespace, trainingjob("logged", workers=1, annotations={"sim.kubetrain.io/run-for": "1s"})
     )
     cluster.kubectl("-n", namespace, "wait", "--for=condition=Succeeded", "tj/logged", "--timeout=90s")
-    lines = [line for line in operator.log_tail(1_000_000).splitlines() if line.strip()]
-    records = [json.loads(line) for line in lines]
-    assert all({"message", "severity", "timestamp"} <= set(record) for record in records)
-    about = [
-        r["message"]
-        for r in records
-        if r.get("object", {}).get("name") == "logged" and r["object"].get("namespace") == namespace
-    ]
-    assert any("Succeeded" in message for message in about), about
+
+    def records() -> list[dict[str, Any]]:
+        lines = [line for line in operator.log_tail(1_000_000).splitlines() if line.strip()]
+        return [json.loads(line) for line in lines]
+
+    def about_logged() -> list[str]:
+        return [
+            r["message"]
+            for r in records()
+            if r.get("object", {}).get("name") == "logged" and r["object"].get("namespace") == namespace
+        ]
+
+    # The line is written after the status that `kubectl wait` saw: wait for it, do not race it.
+    about = _wait_for(
+        lambda: [m for m in about_logged() if "Succeeded" in m],
+        30,
+        "the Succeeded line about logged",
+        operator,
+    )
+    assert all({"message", "severity", "timestamp"} <= set(record) for record in records())
+    assert about[0].startswith(f"{namespace}/logged: Succeeded"), about
 
 
 def test_trainingjob_runs_to_success_with_service_jobs_env_and_times(
