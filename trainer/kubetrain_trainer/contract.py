@@ -43,6 +43,16 @@ PROGRESS_ANNOTATION = "kubetrain.io/progress"
 PROGRESS_FILE = "progress.json"
 """File in the job's output directory holding the same JSON as the annotation."""
 
+HEARTBEAT_ANNOTATION = "kubetrain.io/heartbeat"
+"""Each worker's own liveness report on its own pod, written only when HEARTBEAT_SECONDS is set: JSON
+`{"step": int, "stepAt": RFC 3339, "updatedAt": RFC 3339}`, where `stepAt` is when the worker last made
+progress (an optimizer step, an evaluation batch, a checkpoint written) and `step` its optimizer step count
+then. The operator restarts a group in which a worker made no progress for
+spec.failurePolicy.progressDeadlineSeconds (a hung collective, a frozen process), naming it."""
+HEARTBEAT_SECONDS = "KUBETRAIN_HEARTBEAT_SECONDS"
+"""How often, in seconds, each worker writes its heartbeat annotation; unset: no heartbeat (the operator
+sets it only for jobs with a progress deadline, so other jobs cost no extra request)."""
+
 # Elastic jobs (spec.elastic): torchrun's rendezvous settings, read by torchrun as defaults of its flags.
 PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
 PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
