@@ -15,6 +15,8 @@ MAX_WORKERS = 4096
 """The most workers a group may have: the bound of spec.workers and of the elastic bounds."""
 MAX_RESTARTS = 1000
 """The most restarts runPolicy.maxRestarts may allow."""
+MIN_PROGRESS_DEADLINE_SECONDS = 20
+"""The shortest failurePolicy.progressDeadlineSeconds: heartbeats every 5 s, four to a deadline."""
 
 
 class RunPolicy(base.Model):
@@ -123,6 +125,22 @@ class FailurePolicy(base.Model):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
+    progress_deadline_seconds: int | None = Field(
+        None,
+        ge=MIN_PROGRESS_DEADLINE_SECONDS,
+        le=7 * 24 * 3600,
+        description=(
+            "progressDeadlineSeconds restarts the group when a worker made no progress (no optimizer step, "
+            "evaluation batch or checkpoint written) for this many seconds while the group runs: a hung "
+            "collective or a frozen process, which no exit code ever reports. Each worker then reports its "
+            "progress on its pod (kubetrain.io/heartbeat) every quarter of the deadline, at most every 30 "
+            "s. The restart counts against maxRestarts like a crash, and status, lastFailure and an Event "
+            "name the stalled workers and their last step. Set it above the longest pause a healthy run "
+            "makes (data loading at start, a resume). Fixed-size groups only. Default: unset, no "
+            "heartbeat, no check. Mutable."
+        ),
+    )
+
     @model_validator(mode="after")
     def _disjoint(self) -> FailurePolicy:
         both = set(self.retryable_exit_codes or ()) & set(self.non_retryable_exit_codes)
@@ -141,6 +159,11 @@ class FailurePolicy(base.Model):
         if self.retryable_exit_codes is not None:
             return exit_code in self.retryable_exit_codes
         return True
+
+
+def heartbeat_seconds(progress_deadline_seconds: int) -> int:
+    """How often each worker reports progress for a deadline: four reports fit in it, at most every 30 s."""
+    return max(MIN_PROGRESS_DEADLINE_SECONDS // 4, min(30, progress_deadline_seconds // 4))
 
 
 ELASTIC_LAST_CALL_SECONDS = 30

@@ -29,7 +29,7 @@ from typing import Any
 from kubetrain_trainer import contract
 
 from kubetrain_operator import api
-from kubetrain_operator.api import constants, names
+from kubetrain_operator.api import constants, names, policies
 from kubetrain_operator.planning import gang
 
 
@@ -229,6 +229,9 @@ def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
         (contract.RESTART_ATTEMPT, str(ctx.restart_attempt)),
         (contract.TERMINATION_LOG, contract.TERMINATION_LOG_PATH),
     ]
+    deadline = spec.failure_policy.progress_deadline_seconds
+    if deadline is not None and spec.elastic is None:
+        values.append((contract.HEARTBEAT_SECONDS, str(policies.heartbeat_seconds(deadline))))
     if spec.trainer is not None:
         values.append(
             (contract.TRAINER_CONFIG, json.dumps(spec.trainer.model_dump(mode="json"), separators=(",", ":")))

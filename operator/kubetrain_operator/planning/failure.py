@@ -14,18 +14,21 @@
   In a fixed-size group every other rank dies of the lost peer, often in the same second, so any disrupted
   worker of the attempt makes the group's failure a disruption, unless a non-retryable exit code says the
   job cannot run at all.
+- A hang is a failure no exit code reports: with failurePolicy.progressDeadlineSeconds, a running group in
+  which a worker made no progress (its heartbeat's stepAt) for longer restarts like a crash, counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Literal
 
 from kubetrain_trainer.exit_codes import ExitCode
 
 from kubetrain_operator import api
-from kubetrain_operator.planning.observe import Worker
+from kubetrain_operator.planning.observe import Worker, parse_time
 
 Action = Literal["continue", "restart", "fail", "succeed"]
 
@@ -161,3 +164,70 @@ def decide(
     elif workers and all(w.phase == "succeeded" for w in workers):
         return Decision("succeed", "AllWorkersSucceeded", f"all {len(workers)} workers succeeded")
     return Decision("continue", "", "")
+
+
+def last_progress(workers: Sequence[Worker]) -> dict[int, datetime]:
+    """When each worker of a running group last made progress: its heartbeat's stepAt, never earlier than
+    the moment the whole group ran (the last container start), since no worker can step before all do."""
+    starts = [parse_time(w.started_at) for w in workers]
+    if not workers or any(w.phase != "running" for w in workers) or None in starts:
+        return {}
+    group_start = max(t for t in starts if t is not None)
+    out = {}
+    for w in workers:
+        step_at = parse_time(w.step_at)
+        out[w.index] = max(step_at, group_start) if step_at is not None else group_start
+    return out
+
+
+def decide_stall(
+    spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int, now: datetime
+) -> Decision:
+    """Restart (counted) a running group in which a worker made no progress for longer than
+    failurePolicy.progressDeadlineSeconds, naming the stalled workers and their last step; "continue"
+    when there is no deadline or no stall."""
+    deadline = spec.failure_policy.progress_deadline_seconds
+    if deadline is None or spec.elastic is not None:
+        return Decision("continue", "", "")
+    progress = last_progress(workers)
+    idle = {index: (now - at).total_seconds() for index, at in progress.items()}
+    stalled = [w for w in workers if idle.get(w.index, 0.0) > deadline]
+    if not stalled:
+        return Decision("continue", "", "")
+    named = "; ".join(
+        f"worker {w.index} (pod {w.pod_name}) "
+        + (f"at step {w.step}" if w.step is not None else "before its first step")
+        + f", {int(idle[w.index])} s ago"
+        for w in stalled[:4]
+    )
+    more = f" and {len(stalled) - 4} more" if len(stalled) > 4 else ""
+    what = (
+        f"{len(stalled)} of {len(workers)} workers made no progress for over {deadline} s "
+        f"(failurePolicy.progressDeadlineSeconds): {named}{more}"
+    )
+    blamed = dataclasses.replace(stalled[0], reason="ProgressStalled")
+    limit = spec.run_policy.max_restarts
+    if restarts >= limit:
+        return Decision(
+            "fail",
+            "RestartLimitExceeded",
+            f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+            blamed,
+        )
+    return Decision(
+        "restart",
+        "ProgressStalled",
+        f"{what}; restarting the whole group from its checkpoint (restart {restarts + 1} of {limit})",
+        blamed,
+    )
+
+
+def next_stall_check(spec: api.TrainingJobSpec, workers: Sequence[Worker], now: datetime) -> float | None:
+    """Seconds until the first running worker would pass its progress deadline, if nothing moves: a
+    frozen worker sends no news, so the planner must look again by then."""
+    deadline = spec.failure_policy.progress_deadline_seconds
+    progress = last_progress(workers) if deadline is not None and spec.elastic is None else {}
+    if not progress:
+        return None
+    first = min(progress.values())
+    return max(1.0, deadline - (now - first).total_seconds() + 1.0)

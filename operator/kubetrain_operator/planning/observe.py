@@ -51,6 +51,11 @@ class Worker:
     node: str | None = None
     disruption: str | None = None
     """Why the cluster took this worker away (its pod's DisruptionTarget reason), None if it did not."""
+    started_at: str | None = None
+    """When its container started running (the kubelet's startedAt)."""
+    step: int | None = None
+    step_at: str | None = None
+    """The optimizer step count and when the worker last made progress, from its heartbeat annotation."""
 
 
 def scheduler_message(message: str | None) -> str | None:
@@ -181,7 +186,9 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
         )
-        return Worker(phase="running", ready=ready, **base)
+        step, step_at = read_heartbeat(pod)
+        started_at = (state.get("running") or {}).get("startedAt")
+        return Worker(phase="running", ready=ready, started_at=started_at, step=step, step_at=step_at, **base)
     # Pending: say why, most specific first.
     waiting = state.get("waiting") or {}
     if waiting.get("reason") in WAITING_REASONS:
@@ -310,6 +317,20 @@ def first_created(jobs: Iterable[Mapping[str, Any]]) -> datetime | None:
     """When the first of `jobs` was created (their creationTimestamp), None when none says."""
     times = [parse_time(j.get("metadata", {}).get("creationTimestamp")) for j in jobs]
     return min((t for t in times if t is not None), default=None)
+
+
+def read_heartbeat(pod: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """(step, stepAt) from the worker's kubetrain.io/heartbeat annotation; (None, None) when it has none
+    or it does not parse (a worker's own report is never trusted to be well-formed)."""
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(contract.HEARTBEAT_ANNOTATION)
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict) or parse_time(data.get("stepAt")) is None:
+        return None, None
+    step = data.get("step")
+    return (step if _is_int(step) else None), data["stepAt"]
 
 
 def read_progress(pods: Iterable[Mapping[str, Any]], attempt: int | None = None) -> dict[str, Any] | None:

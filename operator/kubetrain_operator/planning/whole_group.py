@@ -47,6 +47,8 @@ def _verdict(p: steps.Pass) -> plans.Plan | None:
     succeed; None while the group runs on."""
     out, spec, status = p.out, p.spec, p.status
     decision = failure.decide(spec, p.workers, p.restarts, steps.disruption_restarts(status))
+    if decision.action == "continue":
+        decision = failure.decide_stall(spec, p.workers, p.restarts, p.now)
     if decision.action == "fail":
         return p.fail(decision.reason, decision.message, decision.worker)
     if decision.action == "restart":
@@ -158,4 +160,6 @@ def _record_group(p: steps.Pass, ctx: builders.Context, missing: Sequence[observ
     if deadline is not None and status.get("startTime"):
         started = observe.parse_time(status["startTime"]) or now
         requeue = min(requeue, max(0.5, deadline - steps.seconds_between(started, now)))
+    if (stall_check := failure.next_stall_check(spec, p.workers, now)) is not None:
+        requeue = min(requeue, stall_check)
     out.requeue_after = requeue
