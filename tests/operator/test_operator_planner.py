@@ -883,3 +883,27 @@ def test_creations_that_are_not_a_jobs_first_ask_to_confirm_it_still_exists(
     )
     assert len(p.create) == creates
     assert p.confirm_owner is confirm
+
+
+def test_the_gang_provider_a_job_was_given_is_recorded_and_kept_across_operator_restarts() -> None:
+    """Planned once under an operator whose default was volcano, the job keeps volcano when a restarted
+    operator finds only the kubernetes gang API served; a new job takes the new default."""
+    spec = trainer_spec(gangScheduling={})
+    first = planner.plan(observed(spec, with_service=False), NOW, plans.Defaults(gang_provider="volcano"))
+    assert first.status["gangProvider"] == "volcano"
+    assert ("PodGroup", "demo") in [(m["kind"], m["metadata"]["name"]) for m in first.create]
+
+    restarted = plans.Defaults(gang_provider="kubernetes")
+    later = planner.plan(observed(spec, status=first.status, with_service=False), NOW, restarted)
+    assert later.status["gangProvider"] == "volcano"
+    kinds = {(m["apiVersion"], m["kind"]) for m in later.create}
+    assert ("scheduling.volcano.sh/v1beta1", "PodGroup") in kinds
+    assert not any(api_version.startswith("scheduling.k8s.io") for api_version, _ in kinds)
+
+    new = planner.plan(observed(spec, with_service=False), NOW, restarted)
+    assert new.status["gangProvider"] == "kubernetes"
+
+
+def test_a_job_without_gang_scheduling_records_no_provider() -> None:
+    p = planner.plan(observed(with_service=False), NOW, plans.Defaults(gang_provider="volcano"))
+    assert "gangProvider" not in p.status

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from kubetrain_operator.api import base
+from kubetrain_operator.api.scheduling import GangProvider
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
@@ -202,6 +203,15 @@ class TrainingJobStatus(base.Model):
     )
     observed_generation: int | None = Field(
         None, description="observedGeneration is the metadata.generation this status was computed from."
+    )
+    gang_provider: GangProvider | None = Field(
+        None,
+        description=(
+            "gangProvider is the gang scheduler this job was given (spec.gangScheduling.provider, or the "
+            "operator's default, the first the cluster served), recorded when the job was first planned "
+            "and kept for its life: an operator restart that finds another provider served does not "
+            "switch a job between providers."
+        ),
     )
     pending_reason: str | None = Field(
         None,

@@ -49,6 +49,9 @@ def managed_here(body: Mapping[str, Any]) -> bool:
 def plan(obs: plans.Observed, now: datetime, defaults: plans.Defaults | None = None) -> plans.Plan:
     """Decide everything one reconcile of `obs` should do (under the operator's `defaults`)."""
     defaults = defaults or plans.Defaults()
+    if recorded := obs.status.get("gangProvider"):
+        # The provider this job was given is kept for its life (see status.gangProvider).
+        defaults = dataclasses.replace(defaults, gang_provider=recorded)
     out = _steps(obs, now, defaults)
     if st.is_true(out.status, "SpecRefused"):
         out.create = []  # a held job ends by its policies, but nothing is started from a refused spec
@@ -148,6 +151,8 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         default_gang_provider=defaults.gang_provider,
         placement=queue.placement,
     )
+    if ctx.gang_provider is not None:
+        status["gangProvider"] = ctx.gang_provider
     out = _elastic(p, queue, ctx) if spec.elastic is not None else whole_group.plan(p, ctx)
     # Kueue's waitForPodsReady reads the Workload's PodsReady condition, which the job's controller keeps.
     workload = obs.workload if queue.admitted_by is not None else None
