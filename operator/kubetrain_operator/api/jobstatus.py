@@ -207,10 +207,10 @@ class TrainingJobStatus(base.Model):
     gang_provider: GangProvider | None = Field(
         None,
         description=(
-            "gangProvider is the gang scheduler this job was given (spec.gangScheduling.provider, or the "
-            "operator's default, the first the cluster served), recorded when the job was first planned "
-            "and kept for its life: an operator restart that finds another provider served does not "
-            "switch a job between providers."
+            "gangProvider is the gang scheduler this job was given (spec.gangScheduling.provider, or when "
+            "that is empty the operator's choice, the first the cluster served), recorded when the job was "
+            "first planned and kept for its life: an operator restart that finds another provider served "
+            "does not switch a job between providers."
         ),
     )
     pending_reason: str | None = Field(
