@@ -42,7 +42,7 @@ def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(inst
     assert pod["spec"]["securityContext"]["runAsUser"] == 65532
     assert pod["status"]["containerStatuses"][0]["ready"] is True
     name = pod["metadata"]["name"]
-    # The kubelet's startup and liveness probes on /healthz made the container Ready; ask both endpoints
+    # The kubelet's readiness probe on /healthz made the container Ready; ask both endpoints
     # from inside the pod as well (exec through the kubelet and containerd's stream server).
 
     def answer(port: int, path: str) -> str | None:
@@ -132,3 +132,59 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=kill-ddp"
     )
     assert "Restarting" in events, events
+
+
+def _evict(cluster: Cluster, pod: str) -> None:
+    """What `kubectl drain` does to each pod: an Eviction through the API (the API server marks the pod
+    DisruptionTarget/EvictionByEvictionAPI and deletes it gracefully; the kubelet stops it with SIGTERM)."""
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
+    cluster.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{WORKLOAD_NAMESPACE}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        input_text=json.dumps(eviction),
+    )
+
+
+def test_drained_workers_restart_the_group_without_spending_a_restart(
+    installed: Cluster, volumes: dict[str, Path]
+) -> None:
+    """maxRestarts 0: before, the first eviction failed the job (BackoffLimitExceeded counted as a
+    crash). Two evictions, each in a different attempt, must cost no restart and the run must finish."""
+    cluster = installed
+    manifest = workload.trainingjob("drain-ddp", epochs=6)
+    manifest["spec"]["runPolicy"] = {"maxRestarts": 0}
+    cluster.apply(manifest)
+    checkpoints = volumes["output"] / "drain-ddp" / "checkpoints"
+
+    for attempt in (0, 1):
+
+        def training(attempt: int = attempt) -> bool:
+            status = workload.status(cluster, "drain-ddp")
+            return (
+                status.get("phase") == "Running"
+                and status.get("restartAttempt") == attempt
+                and checkpoints.is_dir()
+                and any(checkpoints.iterdir())
+            )
+
+        wait_for(
+            training,
+            f"drain-ddp running attempt {attempt} with a checkpoint",
+            600,
+            interval=1,
+            explain=lambda: workload.story(cluster, "drain-ddp"),
+        )
+        _evict(cluster, workload.pod_of(cluster, f"drain-ddp-r{attempt}-w1"))
+
+    status = workload.wait_phase(cluster, "drain-ddp", "Succeeded", 900)
+    assert (status["restarts"], status["disruptionRestarts"]) == (0, 2), status
+    assert status["lastFailure"]["disruption"] == "EvictionByEvictionAPI", status["lastFailure"]
+    assert status["lastFailure"]["node"], status["lastFailure"]
+    assert status["restartAttempt"] == 2 and status["progress"]["resumedFrom"]["attempt"] == 2, status
+    events = cluster.kubectl(
+        "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=drain-ddp"
+    )
+    assert "was evicted through the Eviction API" in events and "not counted against maxRestarts" in events
