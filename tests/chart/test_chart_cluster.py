@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -456,6 +457,17 @@ def stop_operator(operator: subprocess.Popen[bytes]) -> None:
     operator.wait(timeout=30)
 
 
+def liveness(operator: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """The status and body its liveness endpoint (the chart's probes' target) answers."""
+    argv = [str(arg) for arg in operator.args]
+    url = next(arg for arg in argv if arg.startswith("--liveness=")).removeprefix("--liveness=")
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def operator_log(chart: Chart, pod_id: str) -> str:
     return (chart.directory / f"{pod_id}.log").read_text(errors="replace")
 
@@ -652,7 +664,9 @@ def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_ove
     chart: Chart, namespace: str, other_namespace: str, release: str
 ) -> None:
     """The recommended HA mode: the second replica stands by without running anything while the first
-    holds the chart's Lease; when the leader shuts down it releases the Lease and the standby leads."""
+    holds the chart's Lease, but answers the liveness endpoint the chart probes (so that a rolling update
+    goes on), and stops at once on SIGTERM (a rolling update deletes standbys too); when the leader shuts
+    down it releases the Lease and the standby leads."""
     cluster = chart.cluster
     chart.install(release, namespace, {"replicas": 2, "leaderElection": {"enabled": True}})
     wait_for(lambda: crd_serves_lists(cluster), "the TrainingJob CRD to serve lists")
@@ -669,6 +683,12 @@ def test_two_leader_elected_replicas_run_one_at_a_time_and_the_standby_takes_ove
         operators[second] = start_operator(chart, namespace, release, second)
         wait_for(lambda: "standing by" in operator_log(chart, second), "the second replica to stand by")
         assert holder() == first
+        assert liveness(operators[second]) == (200, "standing by: campaigning for the Lease\n")
+        third = f"{fullname(release)}-6b7c-ccccc"
+        operators[third] = start_operator(chart, namespace, release, third)
+        wait_for(lambda: "standing by" in operator_log(chart, third), "the third replica to stand by")
+        operators[third].send_signal(signal.SIGTERM)
+        assert operators.pop(third).wait(timeout=30) == 0, operator_log(chart, third)
         # The chart owns the Lease but sets none of its spec: an upgrade leaves the holder alone.
         chart.install(release, namespace, {"replicas": 2, "leaderElection": {"enabled": True}, "workers": 8},
                       upgrade=True)  # fmt: skip

@@ -31,6 +31,7 @@ from chartkit import (
     values_file,
 )
 from kubetrain_operator import api, cli
+from kubetrain_operator.runtime import health
 
 pytestmark = pytest.mark.unit
 
@@ -437,10 +438,7 @@ def test_several_replicas_without_an_ha_mode_are_refused(helm_bin: Path, tmp_pat
     assert "replicas > 1 needs leaderElection.enabled=true" in output
 
 
-def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
-    helm_bin: Path, tmp_path: Path
-) -> None:
-    """A standby serves no /healthz until it leads: the liveness probe must not kill it meanwhile."""
+def test_leader_election_gets_a_lease_role_by_name(helm_bin: Path, tmp_path: Path) -> None:
     objects = render(helm_bin, tmp_path, {**NAMESPACED, **LEADER})
     lease_roles = [
         r for r in operator_objects(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")
@@ -456,16 +454,35 @@ def test_leader_election_gets_a_lease_role_by_name_and_a_standby_friendly_probe(
             "--leader-election-id=kt-kubetrain"} <= set(container["args"])  # fmt: skip
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    startup = container["startupProbe"]
-    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] == 3600
-    deployment = only(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert only(objects, "Deployment")["spec"]["replicas"] == 2
     assert "command" not in container, "the image's own entrypoint runs"
     lease = only(objects, "Lease")
     assert lease["metadata"] == {**lease["metadata"], "name": "kt-kubetrain", "namespace": "kubetrain-system"}
     assert lease["spec"] == {}, "the operator owns every spec field"
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_with_leader_election_a_rollout_replaces_one_pod_at_a_time_once_a_standby_is_ready(
+    helm_bin: Path, tmp_path: Path, replicas: int
+) -> None:
+    """What lets `helm upgrade --wait` finish (tests/e2e/test_real_node_rollout.py runs one with 2): a new
+    pod starts before an old one stops, and is Ready once it answers the address the operator serves its
+    liveness on, which a standby answers while it campaigns (runtime/health.py). No probe waits for the
+    pod to lead: helm waits for every new pod to be Ready, and only one of them leads."""
+    objects = render(helm_bin, tmp_path, {"replicas": replicas, "leaderElection": {"enabled": True}})
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = operator_container(objects)
+    assert "startupProbe" not in container
+    liveness = next(arg for arg in container["args"] if arg.startswith("--liveness="))
+    _, port, path = health.address(liveness.removeprefix("--liveness="))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        assert ports[probe["httpGet"]["port"]] == port and probe["httpGet"]["path"] == path
 
 
 def test_gang_scheduler_grants_follow_the_values(helm_bin: Path, tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "runtime": (
         "kube",
         "leader",
+        "health",
         "cache",
         "informer",
         "events",

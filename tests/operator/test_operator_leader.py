@@ -335,3 +335,41 @@ def test_a_refusing_fence_stops_the_write_before_it_is_sent() -> None:
         leader.LeadershipLostError
     ):  # not IndexError: call_api, with no answer left, never ran
         client.delete("Job", "ns", "x")
+
+
+# ---------------------------------------------------------------- liveness while standing by
+
+
+def test_a_standby_campaigns_for_as_long_as_it_stands_by_whatever_the_api_server_answers() -> None:
+    """What a standby's liveness endpoint reports: healthy from its start, an hour of standing by later
+    (the Lease held by another) and while the API server answers nothing, as long as attempts go on."""
+    api = FakeLeases()
+    holder, standby = Replica(), Replica()
+    a, b = _elector(api, holder, "a"), _elector(api, standby, "b")
+    assert b.campaigning(), "before its first attempt"
+    assert a.try_acquire_or_renew()
+    for _ in range(1800):
+        _advance(TIMING.retry_period, holder, standby)
+        assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+        assert b.campaigning() and a.campaigning()
+    api.down = True
+    for _ in range(60):
+        _advance(TIMING.retry_period, standby)
+        with pytest.raises(kube.ApiError):
+            b.try_acquire_or_renew()
+        assert b.campaigning()
+
+
+def test_an_election_that_stopped_turning_is_not_campaigning_until_it_attempts_again() -> None:
+    api = FakeLeases()
+    replica = Replica()
+    b = _elector(api, replica, "b")
+    api.lease = {"metadata": {"name": "kubetrain-operator", "namespace": "ops", "resourceVersion": "0"}}
+    api.lease["spec"] = _held("a")
+    assert not b.try_acquire_or_renew()
+    _advance(leader.STALLED_AFTER_SECONDS, replica)
+    assert b.campaigning()
+    _advance(0.01, replica)
+    assert not b.campaigning()
+    assert b.try_acquire_or_renew()  # an attempt, whatever comes of it (here: a Lease no one renewed)
+    assert b.campaigning()

@@ -64,8 +64,8 @@ class OperatorProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0, wait_live: bool = True) -> None:
-        """Start the operator and wait until its liveness endpoint answers (kopf serves it once running;
-        a leader-election standby only once it leads: `wait_live=False` returns at once).
+        """Start the operator and wait until its liveness endpoint answers (kopf serves it once running, a
+        leader-election standby while it stands by); `wait_live=False` returns at once.
 
         Each start gets a free liveness port: operators of concurrent test runs must not collide.
         """

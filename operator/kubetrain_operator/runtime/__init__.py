@@ -3,6 +3,7 @@
 Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
 - `leader`: Lease election, pure decisions and the requests that act on them;
+- `health`: the liveness endpoint a standby answers until kopf serves it;
 - `cache`: the children and cluster objects as last seen, filed by owner;
 - `informer`: the watches of the children that fill the cache;
 - `events`: Kubernetes Events about TrainingJobs, posted in the background;

@@ -23,8 +23,10 @@ The semantics are client-go's (k8s.io/client-go/tools/leaderelection):
   one wins and the other gets 409 Conflict and stays standby; after a takeover the old holder's
   renewal fails the same way.
 
-A replica runs nothing (no kopf, no controller, no informers) until it holds the Lease. A replica that
-shuts down cleanly fences itself and then releases the Lease, so a rolling update hands over at once.
+A replica runs nothing (no kopf, no controller, no informers) until it holds the Lease; meanwhile it
+answers its liveness endpoint (`health`), healthy while its election turns (`LeaderElector.campaigning`),
+so that a standby is Ready and a rolling update can go on. A replica that shuts down cleanly fences
+itself and then releases the Lease, so a rolling update hands over at once.
 The identity is the pod's name: a restarted container of the same pod finds itself the holder and leads
 at once, which is safe because the kubelet killed the previous container before starting it.
 
@@ -49,6 +51,12 @@ from kubetrain_operator.runtime import kube
 logger = logging.getLogger("kubetrain.operator")
 
 DEFAULT_LEASE_NAME = "kubetrain-operator"
+
+STALLED_AFTER_SECONDS = 120.0
+"""A replica whose last attempt (to acquire or to renew) began longer ago than this is stuck: its election
+no longer turns. Well past the longest gap of one that turns: an attempt is a read and a write, each given
+up after the renew deadline (10 s) and retried by the HTTP client up to three times, then the retry period
+(2 s); about 82 s when the API server answers nothing at all."""
 
 RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
 """The Lease spec fields a renewal, takeover or release changes: a change in any of them is news."""
@@ -169,10 +177,18 @@ class LeaderElector:
         """Monotonic time after which this replica must not act; -inf while it does not lead."""
         self._on_lost: Callable[[], None] | None = None
         self._stop = threading.Event()
+        self._attempted_at = monotonic()
+        """When the last attempt began (to acquire or to renew); its construction until the first."""
 
     def leading(self) -> bool:
         """Whether this replica may act now."""
         return self.monotonic() < self._leading_until
+
+    def campaigning(self) -> bool:
+        """Whether this replica's election turns: its last attempt, to acquire the Lease (standing by) or to
+        renew it (leading), began within `STALLED_AFTER_SECONDS`, whatever the API server answered. What the
+        liveness endpoint of a replica that kopf does not serve yet reports (`health`)."""
+        return self.monotonic() - self._attempted_at <= STALLED_AFTER_SECONDS
 
     def check(self) -> None:
         """The fence before every write: call `on_lost` (which ends the process) and raise LeadershipLostError
@@ -184,6 +200,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt (a read, then a write if allowed); True when this replica leads afterwards."""
+        self._attempted_at = self.monotonic()
         lease = self.kube.get("Lease", self.namespace, self.name, timeout=self._request_timeout())
         if lease is None:
             body = {

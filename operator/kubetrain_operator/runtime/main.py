@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -24,6 +26,7 @@ from kubetrain_operator.planning import admission, gang, plans
 from kubetrain_operator.runtime import (
     events,
     handlers,  # noqa: F401  (registers the kopf handlers)
+    health,
     informer,
     kube,
     leader,
@@ -73,10 +76,11 @@ class Options:
     verbose: bool = False
     log_format: str = dataclasses.field(default="full", metadata=_env("KUBETRAIN_LOG_FORMAT"))
     leader_elect: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_LEADER_ELECT"))
-    """HA through a coordination.k8s.io Lease: standbys run nothing until they hold it, and every write of
-    the leader is fenced by its renew deadline (`leader`). The only HA mode: kopf runs standalone, because
-    kopf's peering pauses only kopf's own watches while the informers, the queue and the reconcile threads
-    of a paused replica would go on acting from a frozen cache."""
+    """HA through a coordination.k8s.io Lease: standbys run nothing until they hold it but answer the
+    liveness endpoint (`health`), and every write of the leader is fenced by its renew deadline (`leader`).
+    The only HA mode: kopf runs standalone, because kopf's peering pauses only kopf's own watches while the
+    informers, the queue and the reconcile threads of a paused replica would go on acting from a frozen
+    cache."""
     leader_election_namespace: str | None = dataclasses.field(
         default=None, metadata=_env("KUBETRAIN_LEADER_ELECTION_NAMESPACE")
     )
@@ -150,8 +154,9 @@ def _parse(kind: str, raw: str, variable: str) -> Any:
     raise TypeError(f"no reader for options of type {kind} ({variable})")
 
 
-_state: dict[str, Any] = {"options": Options(), "fence": None}
-"""What `run` hands to kopf's startup handler: the options, and the leader's write fence (or None)."""
+_state: dict[str, Any] = {"options": Options(), "fence": None, "standby_health": None}
+"""What `run` hands to kopf's startup handler: the options, the leader's write fence (or None), and the
+liveness server it answered with while standing by (or None), to close once kopf serves its own."""
 
 LOG_FORMATS = ("plain", "full", "json")
 
@@ -233,6 +238,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo["cache"] = controller.cache
     memo["events"] = poster
     memo["informers"] = children
+    # kopf serves the liveness endpoint right after its startup handlers: the standby's server gives the
+    # address up now, so the probes never find it unanswered.
+    _close_standby_health()
     logger.info(
         "kubetrain operator watching %s; Kueue %s",
         "all namespaces" if options.all_namespaces else ", ".join(options.watched_namespaces()),
@@ -289,6 +297,15 @@ def shutdown(memo: Any, **_: Any) -> None:
         poster.stop()
 
 
+class StopRequested(SystemExit):
+    """SIGTERM or SIGINT before kopf handles them, while standing by: stop without leading. A SystemExit,
+    so that neither the election's retry loop (`except Exception`) nor asyncio swallows it."""
+
+
+def _stop_requested(signum: int, _frame: Any) -> None:
+    raise StopRequested(0)
+
+
 def run(options: Options) -> None:
     """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
     _state["options"] = options
@@ -297,9 +314,18 @@ def run(options: Options) -> None:
         # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
         # The controller logs every transition it acts on at INFO.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    elector = _lead(options) if options.leader_elect else None
-    _state["fence"] = elector.check if elector is not None else None
+    elector = None
     try:
+        if options.leader_elect:
+            if threading.current_thread() is threading.main_thread():
+                # A standby stops at once when its pod is deleted (a rolling update), instead of ignoring
+                # SIGTERM as a container's first process without a handler does until SIGKILL. kopf
+                # installs its own handlers when it starts.
+                signal.signal(signal.SIGTERM, _stop_requested)
+                signal.signal(signal.SIGINT, _stop_requested)
+            elector = _elector(options)
+            _lead(options, elector)
+        _state["fence"] = elector.check if elector is not None else None
         kopf.run(
             clusterwide=options.all_namespaces,
             namespaces=options.watched_namespaces(),
@@ -307,7 +333,10 @@ def run(options: Options) -> None:
             liveness_endpoint=options.liveness,
             memo=kopf.Memo(),
         )
+    except StopRequested:
+        logger.info("stopping: signalled before leading")
     finally:
+        _close_standby_health()
         if elector is not None:
             elector.release()
 
@@ -321,11 +350,25 @@ def _user_agent() -> str:
     return f"kubetrain-operator/{__version__} ({identity()})"
 
 
-def _lead(options: Options) -> leader.LeaderElector:
-    """Block until this replica holds the Lease; end the process the moment it is lost."""
+def _elector(options: Options) -> leader.LeaderElector:
     namespace = options.leader_election_namespace or os.environ.get("POD_NAMESPACE", "default")
     client = kube.Kube(user_agent=_user_agent())
-    elector = leader.LeaderElector(client, namespace, identity(), name=options.leader_election_id)
+    return leader.LeaderElector(client, namespace, identity(), name=options.leader_election_id)
+
+
+def _lead(options: Options, elector: leader.LeaderElector) -> None:
+    """Block until this replica holds the Lease, answering the liveness endpoint meanwhile; end the process
+    the moment the Lease is lost."""
+    if options.liveness:
+        try:
+            _state["standby_health"] = health.StandbyHealth(options.liveness, elector.campaigning)
+        except OSError as exc:  # another process on this machine has the port: kopf will say so too
+            logger.warning("cannot answer liveness at %s while standing by: %s", options.liveness, exc)
     elector.wait_for_leadership()
     elector.keep_renewing(on_lost=lambda: os._exit(LOST_LEASE_EXIT_CODE))
-    return elector
+
+
+def _close_standby_health() -> None:
+    standby_health = _state.pop("standby_health", None)  # once, whichever thread comes first
+    if standby_health is not None:
+        standby_health.close()
