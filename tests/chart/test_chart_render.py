@@ -44,6 +44,13 @@ VALUE_SETS = {
     "leader-election": LEADER,
     "leader-election-namespaced": {**NAMESPACED, **LEADER, "logLevel": "debug"},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "dashboard": {"enabled": True},
+        }
+    },
 }
 
 
@@ -227,6 +234,8 @@ def test_service_monitor_is_optional_and_scrapes_the_metrics_service(helm_bin: P
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    # the per-job series' `namespace` is the TrainingJob's, not renamed for the operator pod's namespace
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kubetrain-system"]}
 
 

@@ -1,14 +1,20 @@
-"""The operator's /metrics, scraped from the running process, against what the README documents."""
+"""The operator's /metrics, scraped from the running process, against what the README documents and what
+the chart's dashboard and alert rules query."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubetrain_trainer import contract, progress
 from prometheus_client.parser import text_string_to_metric_families
+from testcluster import monitoring
 from testcluster.cluster import Cluster
 from testcluster.manifests import trainingjob
 from testcluster.operator_process import OperatorProcess
@@ -27,50 +33,157 @@ def documented_metrics() -> set[str]:
     return set(re.findall(r"`(kubetrain_[a-z_]+)`", bullet))
 
 
-def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def scrape(url: str) -> Samples:
     """Every sample of the exposition: name -> labels -> value."""
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return samples
 
 
-def test_every_metric_the_readme_names_is_scraped_from_the_running_operator(
+def of_job(samples: Samples, namespace: str, name: str) -> dict[str, float]:
+    """TrainingJob namespace/name's per-job samples: metric -> value; of the phase's, the current one's
+    (value 1), of the restarts', the failures'."""
+    return {
+        metric: value
+        for metric, by_labels in samples.items()
+        for labels, value in by_labels.items()
+        if ("namespace", namespace) in labels and ("trainingjob", name) in labels
+        if metric != "kubetrain_trainingjob_phase" or value == 1.0
+        if metric != "kubetrain_trainingjob_restarts_total" or ("cause", "failure") in labels
+    }
+
+
+def phase_of(samples: Samples, namespace: str, name: str) -> str | None:
+    """The phase kubetrain_trainingjob_phase says TrainingJob namespace/name is in."""
+    for labels, value in samples.get("kubetrain_trainingjob_phase", {}).items():
+        if value == 1.0 and ("namespace", namespace) in labels and ("trainingjob", name) in labels:
+            return dict(labels)["phase"]
+    return None
+
+
+def apply(cluster: Cluster, namespace: str, *manifests: dict[str, Any]) -> None:
+    for manifest in manifests:
+        cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+
+
+def report_progress(cluster: Cluster, namespace: str, job: str, record: dict[str, object]) -> None:
+    """Set rank 0's progress annotation, as the trainer's PodAnnotator does in a pod."""
+    selector = f"kubetrain.io/job-name={job},kubetrain.io/worker-index=0"
+    (rank0,) = cluster.kubectl("-n", namespace, "get", "pods", "-o", "name", "-l", selector).split()
+    annotation = f"{contract.PROGRESS_ANNOTATION}={json.dumps(record)}"
+    cluster.kubectl("-n", namespace, "annotate", "--overwrite", rank0, annotation)
+
+
+def test_every_metric_the_readme_the_dashboard_and_the_alerts_name_is_served_by_the_running_operator(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    """One job succeeds, one fails after a restart, so every counter has a sample in this namespace."""
-    assert operator.metrics_url is not None
+    """One job succeeds, one fails after a restart, one runs and reports progress the way the trainer
+    does: every counter has a sample in this namespace and every per-job series one for these jobs. The
+    README's names are exactly the served families; the chart's dashboard and alert rules query only
+    served names; the per-job series say what the jobs' status says."""
+    url = operator.metrics_url
+    assert url is not None
     fine = trainingjob("fine", workers=1)
     doomed = trainingjob("doomed", workers=1, annotations={"sim.kubetrain.io/exit-code": "11"})
     doomed["spec"]["runPolicy"] = {"maxRestarts": 1}
-    for manifest in (fine, doomed):
-        cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+    running = trainingjob("running", workers=2, annotations={"sim.kubetrain.io/hold": "true"})
+    apply(cluster, namespace, fine, doomed, running)
     documented = documented_metrics()
-    assert len(documented) >= 8, documented
+    assert len(documented) >= 18, documented
 
-    def in_namespace(name: str) -> bool:
-        return any(
-            ("namespace", namespace) in labels for labels in scrape(operator.metrics_url).get(name, {})
-        )
+    def explain() -> str:
+        return f"operator log:\n{operator.log_tail()}"
 
+    def phase(name: str) -> str | None:
+        return phase_of(scrape(url), namespace, name)
+
+    wait_for(lambda: phase("running") == "Running", "the held job Running", timeout=90, explain=explain)
+    record = progress.progress_record(
+        epoch=2, epochs=5, step=40, loss=0.5, accuracy=0.75, validation_loss=0.625, images_per_second=1500.0
+    )
+    report_progress(cluster, namespace, "running", record)
     wait_for(
         lambda: (
-            in_namespace("kubetrain_trainingjobs_succeeded_total")
-            and in_namespace("kubetrain_trainingjobs_failed_total")
+            of_job(scrape(url), namespace, "running").get("kubetrain_trainingjob_epoch") == 2.0
+            and phase("fine") == "Succeeded"
+            and phase("doomed") == "Failed"
         ),
-        "one TrainingJob counted as succeeded and one as failed",
+        "the held job's progress (status.progress), one job Succeeded and one Failed",
         timeout=120,
-        explain=lambda: f"operator log:\n{operator.log_tail()}",
+        explain=explain,
     )
-    samples = scrape(operator.metrics_url)
-    scraped = set(samples) | {name.removesuffix("_count") for name in samples if name.endswith("_count")}
-    assert documented - scraped == set(), f"documented but not served: {sorted(documented - scraped)}"
+    samples = scrape(url)
     for counter in ("created", "succeeded", "failed", "restarted"):
         by_namespace = samples[f"kubetrain_trainingjobs_{counter}_total"]
         assert by_namespace.get((("namespace", namespace),), 0) >= 1, (counter, by_namespace)
+    watched = of_job(samples, namespace, "running")
+    since = watched.get("kubetrain_trainingjob_running_since_timestamp_seconds", 0.0)
+    assert 0 < time.time() - since < 300, since
+    assert phase_of(samples, namespace, "running") == "Running"
+    assert watched == {
+        "kubetrain_trainingjob_phase": 1.0,
+        "kubetrain_trainingjob_restarts_total": 0.0,
+        "kubetrain_trainingjob_epoch": 2.0,
+        "kubetrain_trainingjob_step": 40.0,
+        "kubetrain_trainingjob_training_loss": 0.5,
+        "kubetrain_trainingjob_validation_loss": 0.625,
+        "kubetrain_trainingjob_validation_accuracy": 0.75,
+        "kubetrain_trainingjob_images_per_second": 1500.0,
+        "kubetrain_trainingjob_progress_timestamp_seconds": datetime.fromisoformat(
+            record["updatedAt"]
+        ).timestamp(),
+        "kubetrain_trainingjob_running_since_timestamp_seconds": since,
+    }
+    assert of_job(samples, namespace, "doomed") == {
+        "kubetrain_trainingjob_phase": 1.0,
+        "kubetrain_trainingjob_restarts_total": 1.0,
+    }
+
+    scraped = set(samples) | {name.removesuffix("_count") for name in samples if name.endswith("_count")}
+    assert documented - scraped == set(), f"documented but not served: {sorted(documented - scraped)}"
     ours = {name for name in samples if name.startswith("kubetrain_") and not name.endswith("_created")}
     families = {re.sub(r"_(bucket|sum|count)$", "", name) for name in ours}
     assert families - documented == set(), f"served but not documented: {sorted(families - documented)}"
+
+    queries = monitoring.dashboard_queries(monitoring.dashboard())
+    queries += monitoring.rule_queries(monitoring.rendered_rule_groups(cluster.bin_dir / "helm"))
+    queried = set().union(*(monitoring.metric_names(query) for query in queries))
+    assert len(queried) >= 12, queried
+    assert queried - set(samples) == set(), f"queried but not served: {sorted(queried - set(samples))}"
+
+
+def test_a_deleted_jobs_series_leave_the_metrics_and_the_others_stay(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    url = operator.metrics_url
+    assert url is not None
+    held = {"sim.kubetrain.io/hold": "true"}
+    apply(cluster, namespace, *(trainingjob(name, workers=1, annotations=held) for name in ("gone", "kept")))
+
+    def explain() -> str:
+        return f"operator log:\n{operator.log_tail()}"
+
+    def series(name: str) -> dict[str, float]:
+        return of_job(scrape(url), namespace, name)
+
+    wait_for(
+        lambda: (
+            "kubetrain_trainingjob_phase" in series("gone")
+            and "kubetrain_trainingjob_phase" in series("kept")
+        ),
+        "both jobs' phase in /metrics",
+        timeout=90,
+        explain=explain,
+    )
+    cluster.kubectl("-n", namespace, "delete", "trainingjob", "gone", "--wait=false")
+    wait_for(
+        lambda: not series("gone"), "the deleted job's series to leave /metrics", timeout=60, explain=explain
+    )
+    assert "kubetrain_trainingjob_phase" in series("kept")

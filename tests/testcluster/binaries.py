@@ -10,6 +10,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 ACTIONLINT_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-actionlint.sh"
+PROMTOOL_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-promtool.sh"
 CACHE_ROOT = Path(os.environ.get("KUBETRAIN_CACHE", Path.home() / ".cache" / "kubetrain"))
 """Where builds are cached (binaries, images, the real node's image store), as hack/*.sh use it."""
 REQUIRED = (
@@ -44,14 +45,25 @@ def ensure_actionlint() -> Path:
 
     The workflow checks need only this one tool, not the control plane that `ensure_binaries` builds.
     """
+    return _ensure_tool(ACTIONLINT_BUILD_SCRIPT, "actionlint")
+
+
+def ensure_promtool() -> Path:
+    """Return promtool, building it alone if missing (about four minutes cold on 2 busy cores, nothing
+    when cached): the chart's alert rules are checked with it, which needs no control plane."""
+    return _ensure_tool(PROMTOOL_BUILD_SCRIPT, "promtool")
+
+
+def _ensure_tool(script: Path, name: str) -> Path:
+    """Run a build script that prints the directory holding `name` as its last line; return the binary."""
     result = subprocess.run(
-        ["bash", str(ACTIONLINT_BUILD_SCRIPT)],
+        ["bash", str(script)],
         stdout=subprocess.PIPE,
         stderr=sys.stderr,
         text=True,
         check=True,
     )
-    binary = Path(result.stdout.strip().splitlines()[-1]) / "actionlint"
+    binary = Path(result.stdout.strip().splitlines()[-1]) / name
     if not binary.is_file():
-        raise FileNotFoundError(f"{ACTIONLINT_BUILD_SCRIPT} finished but {binary} is missing")
+        raise FileNotFoundError(f"{script} finished but {binary} is missing")
     return binary

@@ -272,6 +272,11 @@ class ClusterCache:
         with self._lock:
             return self._trainingjobs.get((namespace, name))
 
+    def trainingjobs(self) -> list[dict[str, Any]]:
+        """Every cached TrainingJob (a copy of the index, objects shared): what the metrics report on."""
+        with self._lock:
+            return list(self._trainingjobs.values())
+
     def cluster_objects(self, kind: str) -> dict[str, dict[str, Any]]:
         """The cached cluster-scoped objects of `kind` by name (a copy of the index, objects shared)."""
         with self._lock:

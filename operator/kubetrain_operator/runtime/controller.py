@@ -131,6 +131,7 @@ class Controller:
         self.cache = cache
         self.defaults = defaults or plans.Defaults()
         self.metrics = metrics or Metrics.create()
+        self.metrics.jobs.source = cache.trainingjobs  # per-job series: the jobs alive in the cache
         self.clock = clock
         self.workers = workers
         self.namespaces = namespaces

@@ -1,13 +1,55 @@
 """Prometheus metrics of the operator, served by `kubetrain operator --metrics-port`.
 
+Two kinds. The operator's own: counters of TrainingJob transitions per namespace, reconcile durations and
+errors, active jobs, the work queue's depth, updated as the controller works. And per TrainingJob
+(`TrainingJobCollector`): its phase, restarts and training progress, read from the TrainingJobs in the
+operator's cache at every scrape, so a job's series exist exactly as long as the job does (a deleted
+job's vanish with it from the cache, with no bookkeeping that could leak) and say what its status says.
+
 One registry per process (not the global default one) so tests can build their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from kubetrain_operator.api import jobstatus
+from kubetrain_operator.planning import observe, planner
+from kubetrain_operator.planning import status as st
+
+JOB_LABELS = ("namespace", "trainingjob")
+"""The labels of every per-TrainingJob series: its namespace and name."""
+PHASES: tuple[str, ...] = typing.get_args(jobstatus.Phase)
+PROGRESS_GAUGES = (
+    ("epoch", "epoch", "The last epoch rank 0 reported (status.progress.epoch, 1-based)."),
+    ("step", "step", "The optimizer steps done at the last report (status.progress.step)."),
+    ("training_loss", "loss", "The mean training loss of the last reported epoch (status.progress.loss)."),
+    (
+        "validation_loss",
+        "validationLoss",
+        "The loss on the validation split at the last report (status.progress.validationLoss).",
+    ),
+    (
+        "validation_accuracy",
+        "accuracy",
+        "The accuracy on the validation split at the last report, 0..1 (status.progress.accuracy).",
+    ),
+    (
+        "images_per_second",
+        "imagesPerSecond",
+        "The last reported epoch's training throughput, all workers together "
+        "(status.progress.imagesPerSecond).",
+    ),
+)
+"""(metric name after kubetrain_trainingjob_, status.progress key, help) of the progress gauges."""
+RESTART_CAUSES = (("failure", "restarts"), ("disruption", "disruptionRestarts"))
+"""(label cause, status field) of kubetrain_trainingjob_restarts_total."""
 
 
 @dataclasses.dataclass
@@ -21,6 +63,7 @@ class Metrics:
     reconcile_errors: Counter
     active: Gauge
     queue_depth: Gauge
+    jobs: TrainingJobCollector
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -42,7 +85,7 @@ class Metrics:
             ),
             restarted=Counter(
                 "kubetrain_trainingjobs_restarted",
-                "Whole-group restarts after worker failures.",
+                "Restarts after worker failures or disruptions (a whole group, or an elastic job's worker).",
                 labels,
                 registry=registry,
             ),
@@ -67,6 +110,7 @@ class Metrics:
                 "TrainingJobs waiting for a reconcile thread.",
                 registry=registry,
             ),
+            jobs=TrainingJobCollector(registry),
         )
 
     def record(self, namespace: str, transitions: list[str]) -> None:
@@ -81,3 +125,87 @@ class Metrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class TrainingJobCollector:
+    """The per-TrainingJob series, built at every scrape from `source`: the TrainingJobs as the operator
+    last saw them (the controller points it at its cache). Only jobs this operator manages count (a job
+    whose spec.managedBy names another controller has that controller's status)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.source: Callable[[], Iterable[Mapping[str, Any]]] = tuple
+        registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        return trainingjob_families(())
+
+    def collect(self) -> list[Metric]:
+        return trainingjob_families(body for body in self.source() if planner.managed_here(body))
+
+
+def trainingjob_families(bodies: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """The per-TrainingJob metric families of `bodies`, from their status. Series appear only for what
+    status holds: no progress gauges before rank 0's first report, no phase before the first status."""
+    families: list[Metric] = [
+        GaugeMetricFamily(
+            "kubetrain_trainingjob_phase",
+            "1 for the TrainingJob's phase (status.phase), 0 for the others.",
+            labels=(*JOB_LABELS, "phase"),
+        ),
+        CounterMetricFamily(
+            "kubetrain_trainingjob_restarts",
+            "Restarts of the TrainingJob's workers by cause: failure (status.restarts, bounded by "
+            "maxRestarts) or disruption (status.disruptionRestarts: evictions, preemptions, lost nodes).",
+            labels=(*JOB_LABELS, "cause"),
+        ),
+        *(
+            GaugeMetricFamily(f"kubetrain_trainingjob_{name}", text, labels=JOB_LABELS)
+            for name, _, text in PROGRESS_GAUGES
+        ),
+        GaugeMetricFamily(
+            "kubetrain_trainingjob_progress_timestamp_seconds",
+            "When rank 0 wrote the last progress report (status.progress.updatedAt), Unix seconds.",
+            labels=JOB_LABELS,
+        ),
+        GaugeMetricFamily(
+            "kubetrain_trainingjob_running_since_timestamp_seconds",
+            "While the TrainingJob is Running: when it last became Running (its Running condition's "
+            "lastTransitionTime), Unix seconds. Absent in any other phase.",
+            labels=JOB_LABELS,
+        ),
+    ]
+    by_name = {family.name: family for family in families}
+    for body in bodies:
+        for name, labels, value in _job_samples(body):
+            by_name[f"kubetrain_trainingjob_{name}"].add_metric(labels, value)
+    return families
+
+
+def _job_samples(body: Mapping[str, Any]) -> Iterator[tuple[str, list[str], float]]:
+    """(family name after kubetrain_trainingjob_, label values, value) of one TrainingJob's series."""
+    meta = body.get("metadata") or {}
+    job = [meta.get("namespace", ""), meta.get("name", "")]
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if phase in PHASES:
+        for name in PHASES:
+            yield "phase", [*job, name], float(name == phase)
+    for cause, field in RESTART_CAUSES:
+        count = status.get(field)
+        yield "restarts", [*job, cause], float(count) if _is_number(count) else 0.0
+    progress = status.get("progress") or {}
+    for name, key, _ in PROGRESS_GAUGES:
+        if _is_number(progress.get(key)):
+            yield name, job, float(progress[key])
+    updated = progress.get("updatedAt")
+    reported = observe.parse_time(updated) if isinstance(updated, str) else None
+    if reported is not None:
+        yield "progress_timestamp_seconds", job, reported.timestamp()
+    if phase == "Running" and st.is_true(status, "Running"):
+        since = observe.parse_time((st.get_condition(status, "Running") or {}).get("lastTransitionTime"))
+        if since is not None:
+            yield "running_since_timestamp_seconds", job, since.timestamp()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
