@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
 
+import pod_api
 import pytest
 from kubetrain_trainer import contract
 from kubetrain_trainer.progress import PodAnnotator, ProgressReporter, progress_record
@@ -17,38 +15,18 @@ from kubetrain_trainer.progress import PodAnnotator, ProgressReporter, progress_
 pytestmark = pytest.mark.unit
 
 
-class _Recorder(BaseHTTPRequestHandler):
-    requests: list[dict[str, Any]] = []  # noqa: RUF012 - shared with the test through the class
-    status = 200
-
-    def do_PATCH(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Recorder.requests.append(
-            {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
-        )
-        self.send_response(_Recorder.status)
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def api() -> Iterator[str]:
-    _Recorder.requests = []
-    _Recorder.status = 200
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def api() -> Iterator[pod_api.PodApi]:
+    with pod_api.serving() as served:
+        yield served
 
 
-def test_report_writes_progress_json_and_merge_patches_the_pod_annotation(api: str, tmp_path: Path) -> None:
+def test_report_writes_progress_json_and_merge_patches_the_pod_annotation(
+    api: pod_api.PodApi, tmp_path: Path
+) -> None:
     token = tmp_path / "token"
     token.write_text("secret-token\n")
-    annotator = PodAnnotator(api, "team-a", "job-worker-0", token, None)
+    annotator = PodAnnotator(api.url, "team-a", "job-worker-0", token, None)
     record = progress_record(
         epoch=3, epochs=10, step=300, loss=0.5, accuracy=0.75, validation_loss=0.6, images_per_second=1234.56
     )
@@ -59,7 +37,7 @@ def test_report_writes_progress_json_and_merge_patches_the_pod_annotation(api: s
         "epoch", "epochs", "step", "loss", "validationLoss", "accuracy", "imagesPerSecond", "updatedAt"
     }  # fmt: skip
     assert record["imagesPerSecond"] == 1234.6
-    (request,) = _Recorder.requests
+    (request,) = api.requests
     assert request["path"] == "/api/v1/namespaces/team-a/pods/job-worker-0"
     assert request["headers"]["Content-Type"] == "application/merge-patch+json"
     assert request["headers"]["Authorization"] == "Bearer secret-token"
@@ -68,12 +46,12 @@ def test_report_writes_progress_json_and_merge_patches_the_pod_annotation(api: s
 
 
 def test_a_refused_patch_is_a_warning_and_the_file_is_still_written(
-    api: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    api: pod_api.PodApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _Recorder.status = 403
+    api.status = 403
     token = tmp_path / "token"
     token.write_text("t")
-    reporter = ProgressReporter(tmp_path, PodAnnotator(api, "ns", "pod", token, None))
+    reporter = ProgressReporter(tmp_path, PodAnnotator(api.url, "ns", "pod", token, None))
     with caplog.at_level(logging.WARNING):
         reporter.report(progress_record(1, 2, 10, 1.0, None))
     assert "could not patch pod ns/pod" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,8 +77,10 @@ def evaluate(
     flip_tta: bool = False,
     translate_tta: bool = False,
     dtype: torch.dtype = torch.float32,
+    on_batch: Callable[[], object] | None = None,
 ) -> EvalResult:
-    """Loss, confusion matrix and top-1 predictions of `model` on `data` (in eval mode, restored after)."""
+    """Loss, confusion matrix and top-1 predictions of `model` on `data` (in eval mode, restored after);
+    `on_batch` is called after every batch."""
     was_training = model.training
     model.eval()
     num_classes = len(data.classes)
@@ -93,6 +96,8 @@ def evaluate(
         scores.append(top_score.cpu())
         flat = labels.cpu() * num_classes + top.cpu()
         matrix += torch.bincount(flat, minlength=num_classes * num_classes).view(num_classes, num_classes)
+        if on_batch is not None:
+            on_batch()
     model.train(was_training)
     empty = torch.zeros(0)
     return EvalResult(

@@ -70,7 +70,8 @@ def progress_record(
 
 @dataclass
 class PodAnnotator:
-    """Merge-patches one pod's `kubetrain.io/progress` annotation with the API server's REST interface."""
+    """Merge-patches annotations of one pod (the trainer's own) with the API server's REST interface: the
+    progress report (`patch`) and the heartbeat (`heartbeat.Heartbeat`)."""
 
     api_url: str
     namespace: str
@@ -92,9 +93,10 @@ class PodAnnotator:
         host = f"[{host}]" if ":" in host else host
         return cls(f"https://{host}:{port}", namespace, pod, token, account_dir / "ca.crt")
 
-    def patch(self, record: dict[str, Any]) -> bool:
-        """Set the annotation to `record`; returns False (after a warning) when the API refused or failed."""
-        body = json.dumps({"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: json.dumps(record)}}})
+    def annotate(self, key: str, record: dict[str, Any]) -> None:
+        """Set the pod's annotation `key` to `record` as JSON, leaving its other annotations as they are;
+        raises OSError (urllib's URLError and HTTPError, ssl's SSLError) when the API refused or failed."""
+        body = json.dumps({"metadata": {"annotations": {key: json.dumps(record)}}})
         request = urllib.request.Request(
             f"{self.api_url}/api/v1/namespaces/{self.namespace}/pods/{self.pod}",
             data=body.encode(),
@@ -107,11 +109,16 @@ class PodAnnotator:
         context = None
         if self.api_url.startswith("https://"):
             context = ssl.create_default_context(cafile=str(self.ca_path) if self.ca_path else None)
+        with urllib.request.urlopen(request, timeout=_PATCH_TIMEOUT_SECONDS, context=context) as response:
+            response.read()
+
+    def patch(self, record: dict[str, Any]) -> bool:
+        """Set the progress annotation to `record`; returns False (after a warning) when the API refused or
+        failed."""
         try:
-            with urllib.request.urlopen(request, timeout=_PATCH_TIMEOUT_SECONDS, context=context) as response:
-                response.read()
+            self.annotate(contract.PROGRESS_ANNOTATION, record)
             return True
-        except (urllib.error.URLError, OSError, ssl.SSLError) as error:
+        except OSError as error:
             log.warning("could not patch pod %s/%s progress annotation: %s", self.namespace, self.pod, error)
             return False
 

@@ -7,14 +7,14 @@ Each rank validates its shard with rank 0's buffers, so the report is that of th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from kubetrain_trainer import artifacts, evaluation, plots, provenance
+from kubetrain_trainer import artifacts, evaluation, heartbeat, plots, provenance
 from kubetrain_trainer.components.training_data import TrainingData
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv, all_reduce_sum
@@ -36,6 +36,8 @@ class Evaluator:
     data: TrainingData
     device: torch.device
     dtype: torch.dtype
+    tick: heartbeat.ProgressTick = field(default_factory=heartbeat.ProgressTick)
+    """Told of every validation batch (the heartbeat's progress: a long validation is no hang)."""
 
     def validate(self) -> tuple[float, ClassReport]:
         """The validation loss and per-class report over all ranks (collectives: every rank calls it)."""
@@ -51,6 +53,7 @@ class Evaluator:
             flip_tta=self.config.eval_flip_tta,
             translate_tta=self.config.eval_translate_tta,
             dtype=self.dtype,
+            on_batch=self.tick,
         )
         packed = torch.cat(
             [

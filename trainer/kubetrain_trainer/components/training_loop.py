@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from kubetrain_trainer import batches, optim, precision
+from kubetrain_trainer import batches, heartbeat, optim, precision
 from kubetrain_trainer.components.checkpointing import CheckpointManager
 from kubetrain_trainer.components.training_state import CheckpointedState
 from kubetrain_trainer.config import TrainerConfig
@@ -40,6 +40,8 @@ class TrainingLoop:
     checkpoints: CheckpointManager
     device: torch.device
     dtype: torch.dtype
+    tick: heartbeat.ProgressTick = field(default_factory=heartbeat.ProgressTick)
+    """Told of every optimizer step (the heartbeat's progress)."""
     criterion: nn.Module = field(init=False)
     meter: ThroughputMeter = field(init=False)
 
@@ -78,6 +80,7 @@ class TrainingLoop:
             loss.backward()
             optimizer.step()
             progress.step += 1
+            self.tick(progress.step)
             if lookahead is not None:
                 lookahead.after_step(progress.step, total_steps)
             progress.epoch_step += 1
