@@ -38,7 +38,7 @@ from chartkit import (
     values_file,
 )
 from kubetrain_operator.planning import builders
-from kubetrain_trainer import contract, progress
+from kubetrain_trainer import contract, heartbeat, progress
 from testcluster import processes, workload
 from testcluster.cluster import Cluster
 from testcluster.waiting import wait_for
@@ -565,12 +565,12 @@ def worker_pod(namespace: str, name: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
+def test_worker_token_may_only_set_the_progress_and_heartbeat_annotations_of_its_own_pod(
     chart: Chart, namespace: str, other_namespace: str, release: str
 ) -> None:
     """The trainer's own PodAnnotator, with a token bound to pod A (as the kubelet mounts it), can set
-    A's progress annotation, the only thing the operator reads from workers; every other change, to A
-    or to its neighbour B, is refused by the chart's admission policy or RBAC."""
+    A's progress and heartbeat annotations, the only things the operator reads from workers; every other
+    change, to A or to its neighbour B, is refused by the chart's admission policy or RBAC."""
     cluster = chart.cluster
     chart.install(release, namespace, {"watchNamespaces": [other_namespace]})
     cluster.apply([worker_pod(other_namespace, "pod-a"), worker_pod(other_namespace, "pod-b")])
@@ -627,13 +627,27 @@ def test_worker_token_may_only_set_the_progress_annotation_of_its_own_pod(
     )
     assert annotator("pod-b").patch(record) is False
     assert annotator("pod-a").patch(record) is True
+    # The heartbeat as the trainer's thread writes it: set on its own pod, then changed; not the neighbour's.
+    tick = heartbeat.ProgressTick(step=300)
+    with pytest.raises(urllib.error.HTTPError) as refused_beat:
+        heartbeat.Heartbeat(tick, annotator("pod-b"), period=10).beat()
+    assert "denied request" in refused_beat.value.read().decode()
+    own = heartbeat.Heartbeat(tick, annotator("pod-a"), period=10)
+    own.beat()
+    tick(301)
+    own.beat()
     pod_a = get_json(cluster, "pod", "pod-a", "-n", other_namespace)
     assert json.loads(pod_a["metadata"]["annotations"][contract.PROGRESS_ANNOTATION]) == record
+    assert json.loads(pod_a["metadata"]["annotations"][contract.HEARTBEAT_ANNOTATION])["step"] == 301
     pod_b = get_json(cluster, "pod", "pod-b", "-n", other_namespace)
     assert contract.PROGRESS_ANNOTATION not in pod_b["metadata"]["annotations"]
+    assert contract.HEARTBEAT_ANNOTATION not in pod_b["metadata"]["annotations"]
 
     patches = {
         "another annotation": annotation("team", "hijacked"),
+        "another annotation beside the heartbeat": {
+            "metadata": {"annotations": {contract.HEARTBEAT_ANNOTATION: "{}", "team": "hijacked"}}
+        },
         "a label": {"metadata": {"labels": {"kubetrain.io/job-name": "other"}}},
     }
     for what, patch in patches.items():
