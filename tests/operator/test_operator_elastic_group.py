@@ -258,11 +258,14 @@ def test_losing_the_rendezvous_store_restarts_the_whole_group() -> None:
     assert p.create == []
 
 
-def test_losing_the_store_and_every_worker_together_is_a_counted_restart_too() -> None:
+def test_losing_the_store_and_every_worker_together_restarts_the_group_once_with_a_new_store() -> None:
     jobs = [job(i) for i in range(3)]
     pods = [pod(i, phase="Failed", pod_reason="NodeLost") for i in range(3)]
     p = plan(status=RUNNING, jobs=jobs, pods=pods, store=False)
-    assert p.status["phase"] == "Restarting" and p.status["restarts"] == 1
+    assert p.status["phase"] == "Restarting"
+    assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1), "a store Job gone is no crash"
+    assert p.status["elastic"] == {"storeGeneration": 1}
+    assert "the rendezvous store was deleted (its Job is gone)" in p.status["message"]
     assert p.create == []
 
 
@@ -357,3 +360,68 @@ def test_an_evicted_member_is_replaced_alone_without_spending_a_restart() -> Non
     assert "WorkerDisrupted" in reasons(p)
     assert "on node node-2 was evicted" in p.status["lastFailure"]["message"]
     assert "replacing worker 1 alone" in p.status["lastFailure"]["message"]
+
+
+def _evicted_store() -> dict[str, Any]:
+    """The store's pod after its node was lost and deleted: the pod GC failed it, DisruptionTarget."""
+    out = store_pod("Failed")
+    out["spec"] = dict(out["spec"], nodeName="node-9")
+    out["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC", "message": "m"}
+    )
+    return out
+
+
+def test_a_store_lost_with_its_node_restarts_the_group_once_with_a_new_store_and_no_restart_spent() -> None:
+    jobs = [job(0), job(1), job(2), store_job()]
+    pods = [*running(0, 1, 2), _evicted_store()]
+    obs = plans.Observed.from_objects(
+        trainingjob("demo", elastic_spec(), RUNNING), services=[service()], jobs=jobs, pods=pods
+    )
+    p = planner.plan(obs, NOW)
+    assert p.status["phase"] == "Restarting"
+    assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
+    assert p.status["elastic"] == {"storeGeneration": 1}
+    assert (
+        "the rendezvous store (pod demo-rdzv-xyz) on node node-9 was deleted by the pod garbage"
+        in (p.status["message"])
+    )
+
+
+def test_the_new_group_starts_at_once_beside_an_old_store_stuck_on_a_lost_node_and_joins_the_new_one() -> (
+    None
+):
+    status = dict(RUNNING, restarts=0, restartAttempt=1, disruptionRestarts=1, elastic={"storeGeneration": 1})
+    stuck = store_job(deleting="2026-01-01T00:10:00Z")
+    obs = plans.Observed.from_objects(
+        trainingjob("demo", elastic_spec(), status), services=[service()], jobs=[stuck], pods=[store_pod()]
+    )
+    p = planner.plan(obs, NOW)
+    assert created(p) == ["demo-rdzv-g1", "demo-r1-w0", "demo-r1-w1", "demo-r1-w2"]
+    env = {e["name"]: e.get("value") for e in p.create[1]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PET_RDZV_ENDPOINT"].startswith("demo-rdzv-g1.demo.")
+
+
+def test_an_earlier_generations_store_is_deleted_and_never_waited_for() -> None:
+    status = dict(RUNNING, restartAttempt=1, elastic={"storeGeneration": 1})
+    obs = plans.Observed.from_objects(
+        trainingjob("demo", elastic_spec(), status), services=[service()], jobs=[store_job()], pods=[]
+    )
+    p = planner.plan(obs, NOW)
+    assert "demo-rdzv" in deleted(p)
+    assert created(p)[0] == "demo-rdzv-g1"
+
+
+def test_a_store_that_fails_by_itself_is_a_counted_restart() -> None:
+    failed_store = store_job(condition="Failed")
+    p = plan(status=RUNNING, jobs=[job(0), job(1), job(2)], pods=running(0, 1, 2), store=False)
+    assert p.status["disruptionRestarts"] == 1  # its Job gone: taken away
+    obs = plans.Observed.from_objects(
+        trainingjob("demo", elastic_spec(), RUNNING),
+        services=[service()],
+        jobs=[job(0), job(1), job(2), failed_store],
+        pods=running(0, 1, 2),
+    )
+    counted = planner.plan(obs, NOW)
+    assert (counted.status["restarts"], counted.status.get("disruptionRestarts")) == (1, None)
+    assert "the rendezvous store ended: BackoffLimitExceeded" in counted.status["message"]

@@ -144,6 +144,14 @@ class ElasticStatus(base.Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
+    store_generation: int | None = Field(
+        None,
+        description=(
+            "storeGeneration numbers the rendezvous store the workers use (`<trainingjob>-rdzv`, then "
+            "`-rdzv-g<generation>`): each lost store (its pod evicted, its node gone, its Job deleted) is "
+            "replaced by a new one under a new name, at once, however long the old pod takes to go."
+        ),
+    )
 
 
 class TrainingJobStatus(base.Model):

@@ -97,11 +97,13 @@ def job_label_value(job_name: str) -> str:
     return f"{prefix}-{short_hash(job_name)}"
 
 
-def rendezvous_job_name(job_name: str) -> str:
-    """The elastic rendezvous store's Job, also its pod's hostname: `<base>-rdzv`."""
-    return f"{base(job_name)}-rdzv"
+def rendezvous_job_name(job_name: str, generation: int = 0) -> str:
+    """The elastic rendezvous store's Job, also its pod's hostname: `<base>-rdzv` for the first store,
+    `<base>-rdzv-g<generation>` for each one after a store was lost, so a new store never waits for
+    the name of one stuck on a lost node."""
+    return f"{base(job_name)}-rdzv" + (f"-g{generation}" if generation else "")
 
 
-def rendezvous_dns(job_name: str, namespace: str) -> str:
-    """The rendezvous store's stable DNS name: `<base>-rdzv.<service>.<namespace>.svc`."""
-    return f"{rendezvous_job_name(job_name)}.{service_name(job_name)}.{namespace}.svc"
+def rendezvous_dns(job_name: str, namespace: str, generation: int = 0) -> str:
+    """The rendezvous store's stable DNS name: `<store job>.<service>.<namespace>.svc`."""
+    return f"{rendezvous_job_name(job_name, generation)}.{service_name(job_name)}.{namespace}.svc"

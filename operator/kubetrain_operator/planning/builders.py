@@ -68,6 +68,8 @@ class Context:
     """The admission's additions to the worker pods; None when no queueing system admitted the job."""
     default_gang_provider: api.GangProvider | None = None
     """The gang scheduler for a spec.gangScheduling naming no provider (see gang.default_provider)."""
+    store_generation: int = 0
+    """An elastic group's current rendezvous store (status.elastic.storeGeneration)."""
 
     @property
     def gang_provider(self) -> api.GangProvider | None:
@@ -202,7 +204,8 @@ def _elastic_env(ctx: Context, index: int) -> list[tuple[str, str]]:
         f"is_host=false,join_timeout={ELASTIC_JOIN_TIMEOUT_SECONDS},"
         f"last_call_timeout={spec.elastic.last_call_seconds}"
     )
-    endpoint = f"{names.rendezvous_dns(ctx.owner.name, ctx.owner.namespace)}:{spec.master_port}"
+    store = names.rendezvous_dns(ctx.owner.name, ctx.owner.namespace, ctx.store_generation)
+    endpoint = f"{store}:{spec.master_port}"
     return [
         (contract.PET_NNODES, f"{spec.elastic.min_workers}:{spec.elastic.max_workers}"),
         (contract.PET_NPROC_PER_NODE, str(spec.procs_per_worker())),
@@ -491,7 +494,7 @@ def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
     the store's module, whatever image the workers run; it trains nothing and needs little."""
     if ctx.spec.elastic is None:
         return None
-    name = names.rendezvous_job_name(ctx.owner.name)
+    name = names.rendezvous_job_name(ctx.owner.name, ctx.store_generation)
     port = ctx.spec.master_port
     labels = {
         **selector_labels(ctx.owner.name),

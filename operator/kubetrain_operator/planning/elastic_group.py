@@ -13,8 +13,11 @@ survivors of a lost worker re-rendezvous by themselves; the operator only keeps 
   A non-retryable code fails the job at once, as in a fixed-size group.
 - spec.workers is the desired count (kubectl scale): missing indices are created, indices at or above
   it are deleted (and the counter moves on, so a later scale-up never reuses a name still terminating).
-- Losing the rendezvous store loses the rendezvous itself: that, and only that, restarts the whole group
-  (counted like a replacement), waiting for the old Jobs to go first since the store's name is fixed.
+- Losing the rendezvous store loses the rendezvous itself: that, and only that, restarts the whole group.
+  Each store has a name of its own (status.elastic.storeGeneration), so the new group's store is created
+  at once, never waiting for the old one's pod stuck on a lost node (old stores are deleted, not waited
+  for: a store writes no checkpoint). A store the cluster took away (evicted, its node gone, its Job or
+  pod deleted) is a disruption, not counted against maxRestarts; a store that failed on its own is.
 - Training is over when a worker succeeded (torchrun ends every agent of a finished group together): no
   worker is replaced or created after that, and the job Succeeds once none is still running (or at once
   when worker 0 succeeded under successPolicy Worker0).
@@ -75,11 +78,20 @@ def stale_jobs(attempts: Mapping[int, int], jobs: Sequence[Mapping[str, Any]]) -
     return [j for j in jobs if not is_rendezvous(j) and observe.worker_key(j) not in current]
 
 
-def _read_store(obs_jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> Worker | None:
-    job = next((j for j in obs_jobs if is_rendezvous(j)), None)
+def store_generation(status: Mapping[str, Any]) -> int:
+    return int((status.get("elastic") or {}).get("storeGeneration") or 0)
+
+
+def _read_store(
+    name: str, obs_jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> Worker | None:
+    """The current store (the Job named for the current generation), as a worker of index -1."""
+    job = next((j for j in obs_jobs if is_rendezvous(j) and plans.name_of(j) == name), None)
     if job is None:
         return None
-    return observe.read_worker(-1, 0, job, [p for p in pods if is_rendezvous(p)])
+    uid = job["metadata"].get("uid")
+    own = [p for p in pods if is_rendezvous(p) and observe.controlled_by(p, uid)]
+    return observe.read_worker(-1, 0, job, own)
 
 
 def decide_failure(
@@ -104,14 +116,25 @@ def decide_failure(
     )
 
 
-def decide_rendezvous_loss(spec: api.TrainingJobSpec, why: str, restarts: int) -> failure.Decision:
-    """What losing the rendezvous store means, given `restarts` spent so far: "restart" the whole group (a
-    fresh store cannot rebuild the lost rendezvous, so every worker starts again from the checkpoints), as
-    restart `restarts + 1`, or "fail" when the budget is spent. Shared by the operator and `kubetrain run
-    --local`."""
+def decide_rendezvous_loss(
+    spec: api.TrainingJobSpec, store: Worker | str | None, restarts: int, disruptions: int = 0
+) -> failure.Decision:
+    """What losing the rendezvous store means, given the `restarts` and `disruptions` spent so far:
+    "restart" the whole group (a fresh store cannot rebuild the lost rendezvous, so every worker starts
+    again from the checkpoints) or "fail" when the budget is spent. A store the cluster took away (its
+    pod disrupted, its Job deleted or gone) is a disruption restart; a store that failed by itself counts
+    as restart `restarts + 1`. `store` is the store as read (None: its Job is missing), or, from `kubetrain
+    run --local`, why it was lost."""
+    then = "restarting the whole group with a new rendezvous store"
+    if store is None or (isinstance(store, Worker) and (store.disruption or store.deleting)):
+        lost = store or Worker(-1, 0, "missing")
+        if store is None:
+            lost = dataclasses.replace(lost, disruption="JobDeleted")
+        return failure.decide_disruption(spec, lost, disruptions, then)
+    why = store if isinstance(store, str) else f"the rendezvous store ended: {store.reason or store.phase}"
     limit = spec.run_policy.max_restarts
     return _budget_spent(why, restarts, limit) or failure.Decision(
-        "restart", "RendezvousLost", f"{why}; restarting the whole group (restart {restarts + 1} of {limit})"
+        "restart", "RendezvousLost", f"{why}; {then} (restart {restarts + 1} of {limit})"
     )
 
 
@@ -144,6 +167,8 @@ class _Group:
     attempts: dict[int, int]
     members: list[Worker]
     store: Worker | None
+    old_stores: list[Mapping[str, Any]]
+    """Store Jobs of earlier generations: deleted, never waited for."""
     stale: list[Mapping[str, Any]]
 
     @property
@@ -173,6 +198,7 @@ def plan(
     the earlier steps (spec checks, suspend, deadline). Each step decides the pass or lets the next go on."""
     status = out.status
     attempts = worker_attempts(status, spec.workers)
+    current_store = names.rendezvous_job_name(obs.name, store_generation(status))
     group = _Group(
         obs,
         spec,
@@ -183,7 +209,8 @@ def plan(
         restarts=int(status["restarts"]),
         attempts=attempts,
         members=read_members(attempts, obs.jobs, obs.pods),
-        store=_read_store(obs.jobs, obs.pods),
+        store=_read_store(current_store, obs.jobs, obs.pods),
+        old_stores=[j for j in obs.jobs if is_rendezvous(j) and plans.name_of(j) != current_store],
         stale=stale_jobs(attempts, obs.jobs),
     )
     # 5. The rendezvous store: lost while workers of this group exist, the group starts over; a new group
@@ -207,31 +234,32 @@ def plan(
 
 def _store(group: _Group) -> plans.Plan | None:
     obs, out, store, now = group.obs, group.out, group.store, group.now
+    out.delete += [plans.deletion("Job", j) for j in group.old_stores if not plans.is_deleting(j)]
     present = [m for m in group.members if m.phase != "missing"]
     store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
     if store_lost and present and not group.finished:
-        why = "the rendezvous store's Job is missing"
-        if store is not None:
-            why = f"the rendezvous store ended: {store.reason or store.phase}"
-        return _restart_group(group, why)
+        return _restart_group(group, store)
     if store is not None and not store.deleting:
         return None
-    # A new group (first start, after a restart or a resume): the old Jobs go first, the store's fixed
-    # name and any old rank 0 writing checkpoints with them, and no namesake's pod may still run.
+    # A new group (first start, after a restart or a resume): the old workers go first, any old rank 0
+    # writing checkpoints with them, and no namesake's pod may still run. Old stores are not waited for.
     size = group.spec.workers
+    workers = [j for j in obs.jobs if not is_rendezvous(j)]
     return steps.retire_old_attempts(
-        out, obs.jobs, pods=obs.pods, members=group.members, size=size, now=now
+        out, workers, pods=obs.pods, members=group.members, size=size, now=now
     ) or steps.wait_for_lingering_pods(out, obs.lingering_pods, members=group.members, size=size, now=now)
 
 
-def _restart_group(group: _Group, why: str) -> plans.Plan:
-    """The rendezvous is lost: every worker starts over at a new attempt, counted like a fixed-size
-    restart (or the job fails when the budget is spent)."""
+def _restart_group(group: _Group, store: Worker | None) -> plans.Plan:
+    """The rendezvous is lost: every worker starts over at a new attempt with a new store (the next
+    generation). A store the cluster took away is a disruption; one that failed by itself counts like a
+    fixed-size restart (or the job fails when that budget is spent)."""
     out, status = group.out, group.status
-    decision = decide_rendezvous_loss(group.spec, why, group.restarts)
+    generation = store_generation(status)
+    decision = decide_rendezvous_loss(group.spec, store, group.restarts, steps.disruption_restarts(status))
     if decision.action == "fail":
-        return group.fail(decision.reason, decision.message, None)
-    status["elastic"] = None
+        return group.fail(decision.reason, decision.message, decision.worker)
+    status["elastic"] = {"storeGeneration": generation + 1}
     return steps.restart_whole_group(
         out, group.obs.jobs, decision, attempt=group.counter, restarts=group.restarts, now=group.now
     )

@@ -74,13 +74,15 @@ DISRUPTION_WORDS = {
     "DeletionByTaintManager": "was deleted by the taint manager (its node was NotReady or unreachable)",
     "DeletionByPodGC": "was deleted by the pod garbage collector (its node is gone)",
     "TerminationByKubelet": "was terminated by the kubelet (node pressure or shutdown)",
+    "JobDeleted": "was deleted (its Job is gone)",
 }
 """What each DisruptionTarget reason means, in the words of a status message."""
 
 
 def describe_disruption(worker: Worker) -> str:
-    """`worker 1 (pod x) on node n was evicted through the Eviction API (a drain or an eviction)`."""
-    who = f"worker {worker.index}"
+    """`worker 1 (pod x) on node n was evicted through the Eviction API (a drain or an eviction)`; index
+    -1 is an elastic group's rendezvous store."""
+    who = f"worker {worker.index}" if worker.index >= 0 else "the rendezvous store"
     if worker.pod_name:
         who += f" (pod {worker.pod_name})"
     if worker.node:

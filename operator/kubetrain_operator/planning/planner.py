@@ -256,7 +256,7 @@ def _elastic(p: steps.Pass, queue: queueing.Queued, ctx: builders.Context) -> pl
         admitted,
         p.out,
         p.now,
-        ctx=dataclasses.replace(ctx, spec=admitted),
+        ctx=dataclasses.replace(ctx, spec=admitted, store_generation=elastic_group.store_generation(status)),
         fail=p.fail,
     )
     if admitted.workers < spec.workers and status.get("phase") not in api.TERMINAL_PHASES:
