@@ -33,7 +33,7 @@ def test_a_checkpoint_of_this_job_resumes_with_its_state_and_who_wrote_it(tmp_pa
     manager.save(_state(0.5, epoch=1, step=10, epoch_step=2))
     manager.wait()
     path = manager.find_resumable(CONFIG.epochs)
-    assert path is not None and path.name == "epoch-000002-step-0000000010.pt"
+    assert path is not None and path.name == "attempt-0000-epoch-000002-step-0000000010.pt"
     restored = _state(0.0)
     header = manager.load(path, restored)
     assert torch.all(restored.model.weight == 0.5)

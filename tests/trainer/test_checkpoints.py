@@ -1,5 +1,5 @@
-"""Checkpoints are atomic, sorted by (epoch, step), pruned to the newest K, written from a copy of the
-state in the background, and a corrupt newest one falls back to the previous."""
+"""Checkpoints are atomic, sorted by (attempt, epoch, step), pruned to the newest K, written from a copy of
+the state in the background, and a corrupt newest one falls back to the previous."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ def _save(ckpt: Checkpointer, epoch: int, step: int | None = None) -> Path:
 def test_round_trip_restores_weights_and_header(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, keep=3)
     path = _save(ckpt, 4, 37)
-    assert path.name == "epoch-000004-step-0000000037.pt"
+    assert path.name == "attempt-0000-epoch-000004-step-0000000037.pt"
     restored = torch.nn.Linear(2, 2)
     header = ckpt.load(path, {"model": restored})
-    assert header == {"epoch": 4, "step": 37, "note": "step 37"}
+    assert header == {"epoch": 4, "step": 37, "attempt": 0, "note": "step 37"}
     assert torch.all(restored.weight == 37.0)
 
 
@@ -43,10 +43,10 @@ def test_names_sort_by_epoch_then_step_and_an_old_epoch_name_sorts_as_that_epoch
     torch.save({"epoch": 1}, tmp_path / "epoch-000001.pt")  # what older trainers wrote
     names = [path.name for _, path in ckpt.candidates()]
     assert names == [
-        "epoch-000002-step-0000000110.pt",
-        "epoch-000002-step-0000000015.pt",
+        "attempt-0000-epoch-000002-step-0000000110.pt",
+        "attempt-0000-epoch-000002-step-0000000015.pt",
         "epoch-000001.pt",
-        "epoch-000001-step-0000000009.pt",
+        "attempt-0000-epoch-000001-step-0000000009.pt",
     ]
 
 
@@ -54,12 +54,12 @@ def test_only_the_newest_k_are_kept(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, keep=2)
     for step in (5, 10, 15):
         _save(ckpt, 1, step)
-    assert [key for key, _ in ckpt.candidates()] == [(1, 15), (1, 10)]
+    assert [key for key, _ in ckpt.candidates()] == [(0, 1, 15), (0, 1, 10)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "epoch-000001-step-0000000010.pt",
-        "epoch-000001-step-0000000010.pt.sha256",
-        "epoch-000001-step-0000000015.pt",
-        "epoch-000001-step-0000000015.pt.sha256",
+        "attempt-0000-epoch-000001-step-0000000010.pt",
+        "attempt-0000-epoch-000001-step-0000000010.pt.sha256",
+        "attempt-0000-epoch-000001-step-0000000015.pt",
+        "attempt-0000-epoch-000001-step-0000000015.pt.sha256",
     ]
 
 

@@ -110,7 +110,7 @@ def test_a_gpu_run_resumed_mid_epoch_ends_near_the_uninterrupted_weights(
     gpu_run: Path, sample_root: Path, tmp_path: Path
 ) -> None:
     whole = gpu_run
-    checkpoint = sorted((whole / "checkpoints").glob("epoch-000002-step-*.pt"))[0]
+    checkpoint = sorted((whole / "checkpoints").glob("attempt-0000-epoch-000002-step-*.pt"))[0]
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     for path in (checkpoint, checkpoint.with_name(checkpoint.name + ".sha256")):

@@ -89,7 +89,7 @@ def test_group_restarted_after_a_rank_is_killed_resumes_from_the_checkpoint(tmp_
     command = ["-m", "kubetrain_trainer.cli", "train"]
     procs = start_ranks(command, config, world_size=2, job="kill")
     deadline = time.monotonic() + 180
-    while not list((job_dir / "checkpoints").glob("epoch-000001-step-*.pt.sha256")):
+    while not list((job_dir / "checkpoints").glob("attempt-0000-epoch-000001-step-*.pt.sha256")):
         assert time.monotonic() < deadline, "no checkpoint appeared"
         assert all(p.poll() is None for p in procs), "training ended before it could be interrupted"
         time.sleep(0.1)
@@ -115,7 +115,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
     config = _fake_config(tmp_path, epochs=2, keep_checkpoints=3)
     env = trainer_env(config, KUBETRAIN_JOB_NAME="corrupt")
     assert kubetrain("train", env=env).returncode == 0
-    (newest,) = (tmp_path / "corrupt" / "checkpoints").glob("epoch-000002-step-*.pt")
+    (newest,) = (tmp_path / "corrupt" / "checkpoints").glob("attempt-0000-epoch-000002-step-*.pt")
     newest.write_bytes(newest.read_bytes()[:1000])
 
     result = kubetrain("train", "--epochs", "3", env=env)

@@ -60,7 +60,7 @@ def test_a_resumed_fast_recipe_run_ends_with_the_weights_of_one_never_interrupte
     whole = tmp_path / "whole"
     # Step 12 of 16: in epoch 2 (the flips are the other way round), after the lookahead update at step
     # 10 and before the one at 15 that needs the checkpointed average.
-    (checkpoint,) = (whole / "checkpoints").glob("epoch-*-step-0000000012.pt")
+    (checkpoint,) = (whole / "checkpoints").glob("attempt-0000-epoch-*-step-0000000012.pt")
     resumed = tmp_path / "resumed" / "checkpoints"
     resumed.mkdir(parents=True)
     for path in (checkpoint, checkpoint.with_name(checkpoint.name + ".sha256")):

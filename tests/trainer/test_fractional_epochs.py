@@ -54,17 +54,17 @@ def test_one_and_a_half_epochs_train_twelve_steps_over_two_validated_epochs(whol
     assert (progress["epoch"], progress["epochs"], progress["step"]) == (2, 2, 12)
     names = sorted(p.name for p in (whole / "checkpoints").glob("*.pt"))
     assert names == [
-        "epoch-000001-step-0000000005.pt",
-        "epoch-000001-step-0000000008.pt",  # the end of the whole first epoch
-        "epoch-000002-step-0000000010.pt",
-        "epoch-000002-step-0000000012.pt",  # the end of the half epoch, and of the run
+        "attempt-0000-epoch-000001-step-0000000005.pt",
+        "attempt-0000-epoch-000001-step-0000000008.pt",  # the end of the whole first epoch
+        "attempt-0000-epoch-000002-step-0000000010.pt",
+        "attempt-0000-epoch-000002-step-0000000012.pt",  # the end of the half epoch, and of the run
     ]
 
 
 def test_a_run_killed_inside_the_half_epoch_resumes_to_the_uninterrupted_weights(
     whole: Path, tmp_path: Path
 ) -> None:
-    source = whole / "checkpoints" / "epoch-000002-step-0000000010.pt"
+    source = whole / "checkpoints" / "attempt-0000-epoch-000002-step-0000000010.pt"
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     for path in (source, source.with_name(source.name + ".sha256")):
         shutil.copy2(path, tmp_path / "resumed" / "checkpoints" / path.name)

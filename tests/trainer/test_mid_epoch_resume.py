@@ -89,7 +89,7 @@ def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _checkpoint_at(job_dir: Path, step: int) -> Path:
-    (path,) = (job_dir / "checkpoints").glob(f"epoch-*-step-{step:010d}.pt")
+    (path,) = (job_dir / "checkpoints").glob(f"attempt-0000-epoch-*-step-{step:010d}.pt")
     return path
 
 
@@ -104,13 +104,13 @@ def _crashed_job(whole: Path, job_dir: Path, step: int) -> None:
 def test_uninterrupted_run_checkpoints_every_3_steps_and_at_each_epoch_end(whole: Path) -> None:
     names = sorted(p.name for p in (whole / "checkpoints").glob("*.pt"))
     assert names == [
-        "epoch-000001-step-0000000003.pt",
-        "epoch-000001-step-0000000006.pt",
-        "epoch-000001-step-0000000008.pt",  # the end of epoch 1
-        "epoch-000002-step-0000000009.pt",
-        "epoch-000002-step-0000000012.pt",
-        "epoch-000002-step-0000000015.pt",
-        "epoch-000002-step-0000000016.pt",
+        "attempt-0000-epoch-000001-step-0000000003.pt",
+        "attempt-0000-epoch-000001-step-0000000006.pt",
+        "attempt-0000-epoch-000001-step-0000000008.pt",  # the end of epoch 1
+        "attempt-0000-epoch-000002-step-0000000009.pt",
+        "attempt-0000-epoch-000002-step-0000000012.pt",
+        "attempt-0000-epoch-000002-step-0000000015.pt",
+        "attempt-0000-epoch-000002-step-0000000016.pt",
     ]
 
 
@@ -170,7 +170,7 @@ def test_a_sigkilled_run_resumes_from_its_last_complete_checkpoint_to_the_same_w
     whole: Path, tmp_path: Path
 ) -> None:
     env = trainer_env(_config(tmp_path), KUBETRAIN_JOB_NAME="killed")
-    first_digest = tmp_path / "killed" / "checkpoints" / "epoch-000001-step-0000000003.pt.sha256"
+    first_digest = tmp_path / "killed" / "checkpoints" / "attempt-0000-epoch-000001-step-0000000003.pt.sha256"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kubetrain_trainer.cli", "train"],
         env=env,

@@ -66,7 +66,7 @@ def test_a_changed_model_under_the_same_name_starts_fresh_instead_of_crashing(tm
     checkpoint_dir = tmp_path / "local" / "checkpoints"
     # The old run's are gone: only the new run's single epoch is left.
     (left,) = checkpoint_dir.glob("*.pt")
-    assert left.name.startswith("epoch-000001-step-")
+    assert left.name.startswith("attempt-0000-epoch-000001-step-")
 
 
 @pytest.mark.unit

@@ -52,9 +52,15 @@ def kubetrain(
 
 
 def start_ranks(
-    command: list[str], config: Mapping[str, Any], world_size: int, job: str, port: int | None = None
+    command: list[str],
+    config: Mapping[str, Any],
+    world_size: int,
+    job: str,
+    port: int | None = None,
+    **extra: str,
 ) -> list[subprocess.Popen[str]]:
-    """Start `world_size` processes of `command` as ranks of one group on localhost."""
+    """Start `world_size` processes of `command` as ranks of one group on localhost (`extra`: more
+    environment, such as KUBETRAIN_RESTART_ATTEMPT)."""
     port = port or free_port()
     procs = []
     for rank in range(world_size):
@@ -67,6 +73,7 @@ def start_ranks(
             LOCAL_RANK="0",
             LOCAL_WORLD_SIZE="1",
             KUBETRAIN_JOB_NAME=job,
+            **extra,
         )
         procs.append(
             subprocess.Popen(

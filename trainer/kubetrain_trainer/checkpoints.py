@@ -1,8 +1,22 @@
 """Checkpoints of the training state: rank 0 writes atomically, every rank loads, corrupt ones are skipped.
 
-A checkpoint `epoch-EEEEEE-step-SSSSSSSSSS.pt` holds the state after S optimizer steps of the run, the last
-of them in epoch E (1-based), so names sort by (epoch, step) and an epoch's end is its largest step.
-Older trainers wrote `epoch-EEEEEE.pt` at the end of epoch E; those still load and sort as that epoch's end.
+A checkpoint `attempt-AAAA-epoch-EEEEEE-step-SSSSSSSSSS.pt` holds the state after S optimizer steps of the
+run, the last of them in epoch E (1-based), written by restart attempt A (`KUBETRAIN_RESTART_ATTEMPT`, 0
+when unset). Names sort by (attempt, epoch, step), as numbers, and an epoch's end is its largest step.
+Older trainers wrote `epoch-EEEEEE-step-SSSSSSSSSS.pt` and, before mid-epoch checkpoints, `epoch-EEEEEE.pt`
+at the end of epoch E; those still load, as attempt 0's, the second as its epoch's end.
+
+Attempts are fenced: after a whole-group restart, a pod of the old attempt on a node cut off from the API
+server may keep training and writing into the same directory. So
+- resume takes the newest valid checkpoint of the newest attempt (`newest_first`): once the live attempt
+  has written one, an older attempt's later steps are a dead lineage and never win;
+- an attempt that resumes from an older attempt's checkpoint first makes it its own
+  (`Checkpointer.adopt`: a hard link, or a copy, under its attempt's name), so the live lineage holds
+  the state it resumed from at once, and an old writer learns of the new attempt at its next save;
+- pruning deletes only the writer's own attempt's and older attempts' files (`prunable`);
+- a writer that finds a checkpoint of a newer attempt of its job (`Checkpointer.superseded_by`: a
+  directory listing, and a header read only when a newer name is there) is a leftover: it raises
+  `failures.SupersededError` (exit 130, INTERRUPTED) instead of writing or pruning again.
 
 Writing does not stall training: `save_in_background` copies the state to CPU memory on the caller's thread
 (`snapshots.cpu_copy`), then one writer thread serialises it to a temporary file, fsyncs and renames it,
@@ -13,30 +27,82 @@ finished rather than torn. A checkpoint without a matching digest (the
 pod died between the two renames, the volume was truncated, a bit flipped) is invalid: resume warns and
 uses the previous one.
 
-A checkpoint also records who wrote it: the TrainingJob's uid, the class names and the config fields that
-shape the state (`config.resume_identity`). The output directory is keyed by the job's name, which a new
-TrainingJob may reuse; `resume_mismatch` says why such a checkpoint must not be resumed.
+A checkpoint also records who wrote it: the restart attempt, the TrainingJob's uid, the class names and
+the config fields that shape the state (`config.resume_identity`). The output directory is keyed by the
+job's name, which a new TrainingJob may reuse; `resume_mismatch` says why such a checkpoint must not be
+resumed, and another job's checkpoints never fence this one's writer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from kubetrain_trainer import atomic, snapshots
+from kubetrain_trainer.failures import SupersededError
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^epoch-(\d{6})(?:-step-(\d{10}))?\.pt$")
+_NAME = re.compile(r"^(?:attempt-(\d{4,})-)?epoch-(\d{6})(?:-step-(\d{10}))?\.pt$")
 _END_OF_EPOCH = 1 << 62
 """Sort key step of an old `epoch-EEEEEE.pt`: it was written at the end of its epoch."""
+
+
+class CheckpointKey(NamedTuple):
+    """What a checkpoint's name says, in the order resume prefers: newest attempt, then epoch, then step."""
+
+    attempt: int
+    epoch: int
+    step: int
+    """`_END_OF_EPOCH` for an old `epoch-EEEEEE.pt`."""
+
+
+def parse_name(name: str) -> CheckpointKey | None:
+    """The key of a checkpoint file's name; None for anything else (digests, temporary files)."""
+    match = _NAME.match(name)
+    if match is None:
+        return None
+    attempt, epoch, step = match.groups()
+    return CheckpointKey(int(attempt or 0), int(epoch), int(step) if step else _END_OF_EPOCH)
+
+
+def checkpoint_name(attempt: int, epoch: int, step: int) -> str:
+    """The file name of attempt `attempt`'s checkpoint after `step` steps, the last in `epoch`."""
+    if step == _END_OF_EPOCH:  # an adopted old `epoch-EEEEEE.pt` keeps saying it ends its epoch
+        return f"attempt-{attempt:04d}-epoch-{epoch:06d}.pt"
+    return f"attempt-{attempt:04d}-epoch-{epoch:06d}-step-{step:010d}.pt"
+
+
+def newest_first(names: Iterable[str]) -> list[tuple[CheckpointKey, str]]:
+    """The checkpoint names among `names` with their keys, the one resume prefers first.
+
+    The attempt leads: a restarted attempt resumes from the newest checkpoint of the attempts before it, and
+    once it has written (or adopted) one, an older attempt's later steps, written by a writer left running,
+    are a lineage nobody continues.
+    """
+    found = [(key, name) for name in names if (key := parse_name(name)) is not None]
+    return sorted(found, reverse=True)
+
+
+def prunable(names: Iterable[str], attempt: int, keep: int) -> list[str]:
+    """The checkpoints attempt `attempt`'s writer deletes to keep its `keep` newest: its own and older
+    attempts' only, never a newer attempt's, whose writer owns the directory now."""
+    mine_or_older = [name for key, name in newest_first(names) if key.attempt <= attempt]
+    return mine_or_older[keep:]
+
+
+def newer_attempts(names: Iterable[str], attempt: int) -> list[str]:
+    """The checkpoints among `names` written by attempts after `attempt`, newest first."""
+    return [name for key, name in newest_first(names) if key.attempt > attempt]
 
 
 class Stateful(Protocol):
@@ -60,29 +126,59 @@ def _digest_path(path: Path) -> Path:
 
 
 class Checkpointer:
-    """Saves and restores a dict of `Stateful` components under one directory."""
+    """Saves and restores a dict of `Stateful` components under one directory, as restart attempt
+    `attempt` of the TrainingJob `job_uid`."""
 
-    def __init__(self, directory: Path, keep: int) -> None:
+    def __init__(self, directory: Path, keep: int, attempt: int = 0, job_uid: str = "") -> None:
         self.directory = directory
         self.keep = keep
+        self.attempt = attempt
+        self.job_uid = job_uid
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future[None] | None = None
 
     def path_for(self, epoch: int, step: int) -> Path:
-        """Where the checkpoint after `step` optimizer steps, the last in `epoch` (1-based), lives."""
-        return self.directory / f"epoch-{epoch:06d}-step-{step:010d}.pt"
+        """Where this attempt's checkpoint after `step` optimizer steps, the last in `epoch` (1-based), is."""
+        return self.directory / checkpoint_name(self.attempt, epoch, step)
 
-    def candidates(self) -> list[tuple[tuple[int, int], Path]]:
-        """((epoch, step), path) of every checkpoint file present, newest first, valid or not."""
-        if not self.directory.is_dir():
-            return []
-        found = []
-        for path in self.directory.iterdir():
-            match = _NAME.match(path.name)
-            if match:
-                step = int(match.group(2)) if match.group(2) else _END_OF_EPOCH
-                found.append(((int(match.group(1)), step), path))
-        return sorted(found, reverse=True)
+    def _names(self) -> list[str]:
+        return [path.name for path in self.directory.iterdir()] if self.directory.is_dir() else []
+
+    def candidates(self) -> list[tuple[CheckpointKey, Path]]:
+        """(key, path) of every checkpoint file present, the one resume prefers first, valid or not."""
+        return [(key, self.directory / name) for key, name in newest_first(self._names())]
+
+    def superseded_by(self) -> Path | None:
+        """The newest checkpoint a newer restart attempt of this job wrote here, if any: then this process
+        belongs to an attempt the operator has replaced and must stop writing.
+
+        A directory listing; a newer name's header is read only to tell this job's from another's (a
+        TrainingJob re-created under the same name starts at attempt 0). A file that cannot be read (torn,
+        or pruned meanwhile by its writer) is no evidence.
+        """
+        for name in newer_attempts(self._names(), self.attempt):
+            path = self.directory / name
+            try:
+                header = self.read_header(path)
+            except Exception:  # torch.load's error for a torn file depends on where it was cut
+                continue
+            if header.get("job_uid", "") == self.job_uid:
+                return path
+        return None
+
+    def ensure_current(self) -> None:
+        """Raise `SupersededError` if a newer restart attempt of this job has written a checkpoint here."""
+        newer = self.superseded_by()
+        if newer is None:
+            return
+        key = parse_name(newer.name)
+        assert key is not None  # newer_attempts lists checkpoint names only
+        raise SupersededError(
+            f"checkpoint {newer.name} in {self.directory} was written by restart attempt {key.attempt} of "
+            f"this job and this process is attempt {self.attempt}: a newer attempt has taken over (this one "
+            "was left running, e.g. on a node cut off from the API server), so this process stops without "
+            "writing or deleting another checkpoint"
+        )
 
     def save(self, epoch: int, step: int, components: dict[str, Stateful], extra: dict[str, Any]) -> Path:
         """Write the checkpoint and wait until it and its digest are on disk."""
@@ -96,12 +192,15 @@ class Checkpointer:
         """Copy the state now, write it (digest, pruning to the `keep` newest) on the writer thread.
 
         Returns the path the checkpoint will have; the previous write is finished first, so its error,
-        if any, surfaces here rather than being lost.
+        if any, surfaces here rather than being lost. Raises `SupersededError`, writing nothing, when a
+        newer attempt of this job has written a checkpoint here.
         """
         self.wait()
+        self.ensure_current()
         blob = {
             "epoch": epoch,
             "step": step,
+            "attempt": self.attempt,
             "extra": extra,
             **{name: snapshots.cpu_copy(c.state_dict()) for name, c in components.items()},
         }
@@ -118,9 +217,43 @@ class Checkpointer:
     def _write(self, path: Path, blob: dict[str, Any]) -> None:
         atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
         atomic.write_text_atomic(_digest_path(path), _sha256(path) + "\n")
-        for _, old in self.candidates()[self.keep :]:
+        self.ensure_current()  # a newer attempt may have started while this one was writing: delete nothing
+        for name in prunable(self._names(), self.attempt, self.keep):
+            old = self.directory / name
             _digest_path(old).unlink(missing_ok=True)
             old.unlink(missing_ok=True)
+
+    def adopt(self, path: Path) -> Path:
+        """Make `path`, the checkpoint this attempt resumes from, this attempt's own; the path to load.
+
+        An older attempt's checkpoint gets a second name under this attempt (a hard link: no copy, and a
+        later change to either name cannot touch the other; a copy where the volume has no hard links),
+        with its digest. From then on the live lineage holds the state it resumed from whatever an old
+        writer left running prunes, that writer finds the new attempt at its next save, and a later restart
+        resumes this attempt's lineage, never the old writer's later steps. This attempt's own checkpoint
+        is returned as it is.
+        """
+        key = parse_name(path.name)
+        if key is None or key.attempt >= self.attempt:
+            return path
+        target = self.directory / checkpoint_name(self.attempt, key.epoch, key.step)
+        digest = _digest_path(path).read_text(encoding="utf-8")
+        how = "linked"
+        try:
+            atomic.write_atomic(target, lambda tmp: _replace_with_link(path, tmp))
+        except OSError:  # no hard links on this volume (some FUSE and object-store mounts)
+            how = "copied"
+            atomic.write_atomic(target, lambda tmp: shutil.copyfile(path, tmp))
+        atomic.write_text_atomic(_digest_path(target), digest)
+        log.info(
+            "restart attempt %d resumes from attempt %d's checkpoint %s, %s as its own %s",
+            self.attempt,
+            key.attempt,
+            path.name,
+            how,
+            target.name,
+        )
+        return target
 
     def is_valid(self, path: Path) -> bool:
         """Whether `path` has a digest file that matches its content."""
@@ -132,16 +265,18 @@ class Checkpointer:
 
     def newest_valid(self) -> Path | None:
         """The newest checkpoint whose digest matches; each invalid newer one is reported as a warning."""
-        for (epoch, _), path in self.candidates():
+        for key, path in self.candidates():
             if self.is_valid(path):
                 return path
             log.warning(
-                "checkpoint %s (epoch %d) is corrupt or incomplete; falling back to an older one", path, epoch
+                "checkpoint %s (epoch %d) is corrupt or incomplete; falling back to an older one",
+                path,
+                key.epoch,
             )
         return None
 
     def read_header(self, path: Path) -> dict[str, Any]:
-        """The checkpoint's epoch, step and extra fields, without restoring anything."""
+        """The checkpoint's epoch, step, attempt and extra fields, without restoring anything."""
         blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return _header(blob)
 
@@ -162,10 +297,19 @@ class Checkpointer:
         return _header(blob)
 
 
+def _replace_with_link(source: Path, tmp: Path) -> None:
+    """Make `tmp` (an empty temporary file) a hard link to `source`."""
+    tmp.unlink()
+    os.link(source, tmp)
+
+
 def _header(blob: Mapping[str, Any]) -> dict[str, Any]:
-    """`{"epoch", "step", **extra}`; `step` is None in checkpoints older than mid-epoch ones."""
+    """`{"epoch", "step", "attempt", **extra}`: `step` is None in checkpoints older than mid-epoch ones,
+    `attempt` (the attempt that wrote it; an adopted checkpoint keeps its writer's) 0 in those older than
+    attempt fencing."""
     step = blob.get("step")
-    return {**dict(blob.get("extra", {})), "epoch": int(blob["epoch"]), "step": step}
+    extra = dict(blob.get("extra", {}))
+    return {**extra, "epoch": int(blob["epoch"]), "step": step, "attempt": int(blob.get("attempt", 0))}
 
 
 def equivalent_epoch_step(saved: Mapping[str, Any], current: Mapping[str, Any], epoch_step: int) -> int:

@@ -24,7 +24,9 @@ class ExitCode(IntEnum):
     OUT_OF_MEMORY = 12
     """The device or host ran out of memory; another node or a restart may succeed."""
     INTERRUPTED = 130
-    """SIGINT/SIGTERM: the pod was deleted or the group is being torn down."""
+    """SIGINT/SIGTERM: the pod was deleted or the group is being torn down; or a newer restart attempt
+    has written a checkpoint, so this process belongs to a replaced attempt and stops
+    (`failures.SupersededError`)."""
 
 
 PERMANENT_EXIT_CODES: tuple[int, ...] = (ExitCode.BAD_CONFIG, ExitCode.DATA_ERROR)

@@ -33,6 +33,14 @@ class RendezvousTimeoutError(TrainerError):
     exit_code = ExitCode.RENDEZVOUS_TIMEOUT
 
 
+class SupersededError(TrainerError):
+    """A newer restart attempt of this TrainingJob has written a checkpoint: this process is a leftover of
+    an attempt the operator replaced (say on a node cut off from the API server) and stops, as if it had
+    been sent the SIGTERM that could not reach it (`checkpoints`)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 _PEER_LOST_MARKERS = (
     "connection closed by peer",
     "connection reset by peer",

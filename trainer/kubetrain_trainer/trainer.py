@@ -52,7 +52,9 @@ def build_trainer(
     state = initial_state(config, data, device)
     length = optim.run_length(len(data.loader), config.epochs)
     identity = run_identity(config, world, job_uid, data.classes, data.global_batch)
-    checkpoints = CheckpointManager.for_run(config, world, device, job_dir, identity)
+    checkpoints = CheckpointManager.for_run(
+        config, world, device, job_dir, identity, restart_attempt=restart_attempt
+    )
     resumed_from = resume.resume(
         checkpoints, state, world=world, length=length, restart_attempt=restart_attempt
     )

@@ -1,8 +1,15 @@
 """The run's checkpoints: which one it may resume, and writing them at epoch ends and mid-epoch when due.
 
 Every rank calls `due` and the saves at the same steps, because both may hold collectives (the trigger's
-clock flag, the partial epoch's totals); only rank 0 writes. The identity stored with every checkpoint
-decides whether a later process may resume from it (`checkpoints.resume_mismatch`).
+clock flag, the partial epoch's totals, whether a newer attempt has taken over); only rank 0 writes. The
+identity stored with every checkpoint decides whether a later process may resume from it
+(`checkpoints.resume_mismatch`).
+
+Each checkpoint is named for the restart attempt that wrote it, and a rank 0 that finds a newer attempt's
+checkpoint of its job is a leftover of a replaced attempt (`checkpoints` says how attempts are fenced):
+at a save or at the end of training the whole group learns it from rank 0 and raises
+`failures.SupersededError` (exit 130) rather than train on beside the live attempt; at resume rank 0
+raises it before anything is loaded, and the other ranks fail on the missing broadcast.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.components.training_state import CheckpointedState
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv, all_reduce_sum
+from kubetrain_trainer.failures import SupersededError
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +70,38 @@ class CheckpointManager:
         device: torch.device,
         job_dir: Path,
         identity: dict[str, Any],
+        *,
+        restart_attempt: int = 0,
     ) -> CheckpointManager:
-        """The manager of the job's `checkpoints/` with the configured keep count and intervals."""
+        """The manager of the job's `checkpoints/` with the configured keep count and intervals, writing as
+        restart attempt `restart_attempt` (`KUBETRAIN_RESTART_ATTEMPT`)."""
         trigger = CheckpointTrigger(
             every_steps=config.checkpoint_every_steps,
             every_seconds=config.checkpoint_every_seconds,
             distributed=world.distributed,
             device=device,
         )
-        return cls(Checkpointer(job_dir / "checkpoints", config.keep_checkpoints), trigger, identity, world)
+        checkpointer = Checkpointer(
+            job_dir / "checkpoints", config.keep_checkpoints, restart_attempt, identity["job_uid"]
+        )
+        return cls(checkpointer, trigger, identity, world)
 
     def find_resumable(self, epochs: int) -> Path | None:
         """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
 
         The directory is keyed by the job's name, which a new TrainingJob may reuse; another job's (or
-        config's) checkpoints are deleted so that later restarts of this job never pick them up.
+        config's) checkpoints are deleted so that later restarts of this job never pick them up. An older
+        attempt's checkpoint is first made this attempt's own (`Checkpointer.adopt`), and that is the path
+        every rank loads. Raises `SupersededError` when a newer attempt of this job has written one: this
+        process was replaced, and must neither resume nor delete anything.
         """
+        self.checkpointer.ensure_current()
         path = self.checkpointer.newest_valid()
         if path is None:
             return None
         why = checkpoints.resume_mismatch(self.checkpointer.read_header(path), self.identity, epochs)
         if why is None:
-            return path
+            return self.checkpointer.adopt(path)
         removed = self.checkpointer.discard()
         log.warning(
             "not resuming from checkpoint %s: %s; starting fresh (removed %d old checkpoints)",
@@ -106,8 +124,12 @@ class CheckpointManager:
         return self.trigger.due(step)
 
     def save(self, state: CheckpointedState) -> None:
-        """Every rank calls this at the same step; rank 0 copies the state and writes it in the background."""
+        """Every rank calls this at the same step; rank 0 copies the state and writes it in the background.
+
+        Raises `SupersededError` on every rank, writing nothing, once a newer attempt has taken over.
+        """
         self.trigger.restart()
+        self._stop_if_superseded()
         if not self.world.is_main:
             return
         progress = state.progress
@@ -128,5 +150,24 @@ class CheckpointManager:
         self.save(state)
 
     def wait(self) -> None:
-        """Block until the checkpoint being written, if any, is on disk (before the final artifacts)."""
-        self.checkpointer.wait()
+        """Block until the checkpoint being written, if any, is on disk (before the final artifacts); every
+        rank calls it, and all raise `SupersededError` if a newer attempt has taken over, so a replaced
+        attempt that reaches the end never writes its model and metrics over the live attempt's."""
+        self._stop_if_superseded()
+
+    def _stop_if_superseded(self) -> None:
+        """Rank 0 finishes the write in flight and looks for a newer attempt's checkpoint; every rank raises
+        `SupersededError` with its reason if it found one (a collective: every rank calls it)."""
+        reason: list[str | None] = [None]
+        if self.world.is_main:
+            try:
+                self.checkpointer.wait()
+                self.checkpointer.ensure_current()
+            except SupersededError as error:
+                reason[0] = str(error)
+        if self.world.distributed:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(reason, src=0)
+        if reason[0] is not None:
+            raise SupersededError(reason[0])
