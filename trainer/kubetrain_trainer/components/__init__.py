@@ -10,7 +10,8 @@
   each with `state_dict`/`load_state_dict`.
 - `training_loop`: the steps of one epoch (learning-rate schedule, loss totals over all ranks, mid-epoch
   checkpoints when the trigger says so).
-- `checkpointing`: which checkpoint this run may resume, saving at epoch ends and mid-epoch, and when.
+- `checkpointing`: which checkpoint this run may resume, saving at epoch ends and mid-epoch, and when;
+  stopping the group when a newer restart attempt has taken the checkpoints over.
 - `resume`: where a restarted run continues, remapped when the world size changed, and how it says so.
 - `evaluator`: the validation over all ranks' shards, and the artifacts rank 0 writes at the end.
 
