@@ -7,11 +7,14 @@ read what the trainer sent from it.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
+
+from testcluster.pki import ServingPair
 
 
 class PodApi:
@@ -42,8 +45,8 @@ class PodApi:
 
 
 @contextmanager
-def serving() -> Iterator[PodApi]:
-    """A running `PodApi` at `api.url` (plain HTTP), shut down on exit."""
+def serving(tls: ServingPair | None = None) -> Iterator[PodApi]:
+    """A running `PodApi` at `api.url`, plain HTTP or HTTPS with `tls`'s certificate; shut down on exit."""
     api = PodApi()
 
     class Handler(BaseHTTPRequestHandler):
@@ -58,9 +61,15 @@ def serving() -> Iterator[PodApi]:
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls.cert, tls.key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    api.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     try:
         yield api
     finally:

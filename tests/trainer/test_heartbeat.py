@@ -3,22 +3,29 @@ patched every KUBETRAIN_HEARTBEAT_SECONDS by a thread that goes on while trainin
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pod_api
 import pytest
+import torch
 from kubetrain_trainer import contract, heartbeat
+from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.failures import ConfigError
-from kubetrain_trainer.progress import PodAnnotator
+from kubetrain_trainer.progress import SERVICE_ACCOUNT_DIR_ENV, PodAnnotator
+from kubetrain_trainer.trainer import build_trainer
+from testcluster import pki
 from testcluster.processes import free_port
 from testcluster.waiting import wait_for
-from trainer_helpers import trainer_env
+from trainer_helpers import kubetrain, trainer_env
 
 T0 = 1_764_950_400.0
 """2025-12-05T16:00:00Z, a Unix time for the injected clocks."""
@@ -191,6 +198,99 @@ def test_no_thread_and_no_patch_without_the_variable_outside_a_pod_or_in_a_pods_
         wait_for(lambda: api.requests, "the first heartbeat", timeout=30, interval=0.05)
     finally:
         beating.stop(timeout=10)
+
+
+@pytest.mark.unit
+def test_the_trainer_ticks_on_every_step_validation_batch_and_checkpoint(tmp_path: Path) -> None:
+    """build_trainer gives the loop, the evaluator and checkpointing one tick; each tells it of its
+    progress. (No heartbeat reads it here: no pod.)"""
+    config = TrainerConfig.model_validate(
+        {
+            "epochs": 2,
+            "batch_size": 16,
+            "output_dir": str(tmp_path),
+            "data": {"dataset": "fake", "fake_size": 96, "validation_fraction": 0.25},
+        }
+    )
+    torch.set_num_threads(1)
+    trainer = build_trainer(config, WorldEnv(), "ticks")
+    assert trainer.loop.tick is trainer.evaluator.tick is trainer.checkpoints.tick
+    calls: dict[str, list[int | None]] = {"loop": [], "evaluator": [], "checkpoints": []}
+
+    class Recording(heartbeat.ProgressTick):
+        def __init__(self, part: str) -> None:
+            super().__init__()
+            self.part = part
+
+        def __call__(self, step: int | None = None) -> None:
+            calls[self.part].append(step)
+            super().__call__(step)
+
+    trainer.loop.tick = Recording("loop")
+    trainer.evaluator.tick = Recording("evaluator")
+    trainer.checkpoints.tick = Recording("checkpoints")
+    trainer.train()
+    steps = trainer.state.progress.step
+    assert steps == 2 * trainer.loop.length.steps_per_epoch > 0
+    assert calls["loop"] == list(range(1, steps + 1))
+    assert calls["evaluator"] == [None, None]  # 24 validation images: one batch per epoch
+    assert calls["checkpoints"] and set(calls["checkpoints"]) == {None}
+
+
+def test_kubetrain_train_in_a_pod_sends_heartbeats_only_when_the_operator_asks(tmp_path: Path) -> None:
+    """`kubetrain train` with a pod's environment (service-account token, the API server's CA) patches
+    its own pod's heartbeat annotation when KUBETRAIN_HEARTBEAT_SECONDS is set, and sends no heartbeat
+    without it; the progress reports reach the same server both times."""
+    tls = pki.create_serving_pair(tmp_path / "tls", "kube-apiserver")
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("worker-token\n")
+    shutil.copy(tls.ca_cert, account / "ca.crt")
+    config = {
+        "epochs": 2,
+        "batch_size": 16,
+        "cpu_threads": 1,
+        "output_dir": str(tmp_path / "output"),
+        "data": {"dataset": "fake", "fake_size": 96, "validation_fraction": 0.25},
+    }
+    with pod_api.serving(tls) as api:
+        pod = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": api.url.rsplit(":", 1)[1],
+            contract.POD_NAME: "job-worker-0",
+            contract.POD_NAMESPACE: "team-a",
+            SERVICE_ACCOUNT_DIR_ENV: str(account),
+        }
+        asked = kubetrain(
+            "train",
+            env=trainer_env(config, KUBETRAIN_JOB_NAME="asked", KUBETRAIN_HEARTBEAT_SECONDS="1", **pod),
+        )
+        assert asked.returncode == 0, asked.stderr
+        first_run = api.requests
+        quiet = kubetrain("train", env=trainer_env(config, KUBETRAIN_JOB_NAME="quiet", **pod))
+        assert quiet.returncode == 0, quiet.stderr
+        second_run = api.requests[len(first_run) :]
+
+    def annotations(requests: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+        values = [r["body"]["metadata"]["annotations"].get(key) for r in requests]
+        return [json.loads(value) for value in values if value is not None]
+
+    assert {r["path"] for r in first_run + second_run} == {"/api/v1/namespaces/team-a/pods/job-worker-0"}
+    beats = annotations(first_run, contract.HEARTBEAT_ANNOTATION)
+    final_step = annotations(first_run, contract.PROGRESS_ANNOTATION)[-1]["step"]
+    assert beats and final_step > 0
+    assert [set(b) for b in beats] == [{"step", "stepAt", "updatedAt"}] * len(beats)
+    steps = [b["step"] for b in beats]
+    assert steps == sorted(steps) and 0 <= steps[-1] <= final_step
+    assert (
+        "heartbeat: patching pod team-a/job-worker-0 annotation kubetrain.io/heartbeat every 1 s"
+        in asked.stderr
+    )
+    assert (
+        len(annotations(second_run, contract.PROGRESS_ANNOTATION)) == 2
+    )  # one per epoch: the server heard it
+    assert annotations(second_run, contract.HEARTBEAT_ANNOTATION) == []
+    assert "heartbeat" not in quiet.stderr
 
 
 @pytest.mark.distributed

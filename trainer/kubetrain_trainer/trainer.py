@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kubetrain_trainer import optim
+from kubetrain_trainer import heartbeat, optim
 from kubetrain_trainer.components import placement, resume
 from kubetrain_trainer.components.checkpointing import CheckpointManager, run_identity
 from kubetrain_trainer.components.evaluator import Evaluator
@@ -44,7 +44,10 @@ def build_trainer(
     config: TrainerConfig, world: WorldEnv, job_name: str, job_uid: str = "", restart_attempt: int = 0
 ) -> Trainer:
     """Assemble the run's parts in the order every rank must keep: the seed before the model's random
-    initialisation, the resume broadcast before DDP's broadcast of rank 0's parameters."""
+    initialisation, the resume broadcast before DDP's broadcast of rank 0's parameters.
+
+    The loop, the evaluator and checkpointing share one progress tick; the pod's heartbeat, when the
+    operator asked for one, starts once the run knows the step it resumed at."""
     job_dir = Path(config.output_dir) / job_name
     device, dtype = placement.prepare(config, world)
     torch.manual_seed(config.seed)
@@ -52,12 +55,16 @@ def build_trainer(
     state = initial_state(config, data, device)
     length = optim.run_length(len(data.loader), config.epochs)
     identity = run_identity(config, world, job_uid, data.classes, data.global_batch)
+    tick = heartbeat.ProgressTick()
     checkpoints = CheckpointManager.for_run(
-        config, world, device, job_dir, identity, restart_attempt=restart_attempt
+        config, world, device, job_dir, identity, restart_attempt=restart_attempt, tick=tick
     )
     resumed_from = resume.resume(
         checkpoints, state, world=world, length=length, restart_attempt=restart_attempt
     )
+    tick(state.progress.step)
+    annotator = PodAnnotator.from_environment()
+    heartbeat.start(world, tick, annotator)
     network = placement.wrap_for_training(state.model, config, world, device)
     loop = TrainingLoop(
         config=config,
@@ -69,11 +76,12 @@ def build_trainer(
         checkpoints=checkpoints,
         device=device,
         dtype=dtype,
+        tick=tick,
     )
     evaluator = Evaluator(
-        config=config, world=world, model=state.model, data=data, device=device, dtype=dtype
+        config=config, world=world, model=state.model, data=data, device=device, dtype=dtype, tick=tick
     )
-    reporter = ProgressReporter(job_dir, PodAnnotator.from_environment()) if world.is_main else None
+    reporter = ProgressReporter(job_dir, annotator) if world.is_main else None
     return Trainer(config, world, job_dir, data, state, checkpoints, loop, evaluator, reporter, resumed_from)
 
 

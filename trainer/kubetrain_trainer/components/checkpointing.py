@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kubetrain_trainer import checkpoints
+from kubetrain_trainer import checkpoints, heartbeat
 from kubetrain_trainer import config as config_module
 from kubetrain_trainer.checkpoint_trigger import CheckpointTrigger
 from kubetrain_trainer.checkpoints import Checkpointer
@@ -56,11 +56,14 @@ class CheckpointManager:
         trigger: CheckpointTrigger,
         identity: dict[str, Any],
         world: WorldEnv,
+        tick: heartbeat.ProgressTick | None = None,
     ) -> None:
         self.checkpointer = checkpointer
         self.trigger = trigger
         self.identity = identity
         self.world = world
+        self.tick = tick if tick is not None else heartbeat.ProgressTick()
+        """Told when a checkpoint is written (the heartbeat's progress: a slow write is no hang)."""
 
     @classmethod
     def for_run(
@@ -72,9 +75,11 @@ class CheckpointManager:
         identity: dict[str, Any],
         *,
         restart_attempt: int = 0,
+        tick: heartbeat.ProgressTick | None = None,
     ) -> CheckpointManager:
         """The manager of the job's `checkpoints/` with the configured keep count and intervals, writing as
-        restart attempt `restart_attempt` (`KUBETRAIN_RESTART_ATTEMPT`)."""
+        restart attempt `restart_attempt` (`KUBETRAIN_RESTART_ATTEMPT`), telling `tick` of every checkpoint
+        written."""
         trigger = CheckpointTrigger(
             every_steps=config.checkpoint_every_steps,
             every_seconds=config.checkpoint_every_seconds,
@@ -84,7 +89,7 @@ class CheckpointManager:
         checkpointer = Checkpointer(
             job_dir / "checkpoints", config.keep_checkpoints, restart_attempt, identity["job_uid"]
         )
-        return cls(checkpointer, trigger, identity, world)
+        return cls(checkpointer, trigger, identity, world, tick)
 
     def find_resumable(self, epochs: int) -> Path | None:
         """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
@@ -130,6 +135,7 @@ class CheckpointManager:
         """
         self.trigger.restart()
         self._stop_if_superseded()
+        self.tick()  # the previous checkpoint is on disk: rank 0 waited for it, the others for rank 0
         if not self.world.is_main:
             return
         progress = state.progress
@@ -154,6 +160,7 @@ class CheckpointManager:
         rank calls it, and all raise `SupersededError` if a newer attempt has taken over, so a replaced
         attempt that reaches the end never writes its model and metrics over the live attempt's."""
         self._stop_if_superseded()
+        self.tick()
 
     def _stop_if_superseded(self) -> None:
         """Rank 0 finishes the write in flight and looks for a newer attempt's checkpoint; every rank raises
