@@ -46,8 +46,11 @@ PROGRESS_FILE = "progress.json"
 HEARTBEAT_ANNOTATION = "kubetrain.io/heartbeat"
 """Each worker's own liveness report on its own pod, written only when HEARTBEAT_SECONDS is set: JSON
 `{"step": int, "stepAt": RFC 3339, "updatedAt": RFC 3339}`, where `stepAt` is when the worker last made
-progress (an optimizer step, an evaluation batch, a checkpoint written) and `step` its optimizer step count
-then. The operator restarts a group in which a worker made no progress for
+progress (an optimizer step, an evaluation batch, a checkpoint written; before the first, when the heartbeat
+started, after start-up and any resume) and `step` its optimizer step count then; times to the second, in
+UTC. Written by the LOCAL_RANK 0 process of each pod, at once and then every HEARTBEAT_SECONDS, from a
+thread of its own, so a worker blocked in a collective keeps `updatedAt` fresh while `stepAt` ages.
+The operator restarts a group in which a worker made no progress for
 spec.failurePolicy.progressDeadlineSeconds (a hung collective, a frozen process), naming it."""
 HEARTBEAT_SECONDS = "KUBETRAIN_HEARTBEAT_SECONDS"
 """How often, in seconds, each worker writes its heartbeat annotation; unset: no heartbeat (the operator
