@@ -1,4 +1,5 @@
-"""The per-TrainingJob series: what a job's status says, for as long as the job is in the cache."""
+"""The per-TrainingJob series: what a job's status says, for as long as the job is in the cache; and the
+one endpoint a replica serves, before and after it leads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 from kubetrain_operator.runtime.cache import ClusterCache
 from kubetrain_operator.runtime.controller import Controller
-from kubetrain_operator.runtime.metrics import Metrics
+from kubetrain_operator.runtime.metrics import Endpoint, Metrics
 from operator_fakes import NS, trainingjob
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -141,3 +142,31 @@ def test_a_status_of_the_wrong_shape_leaves_its_series_out() -> None:
     cache.observe(job("odder", {"progress": {"updatedAt": 1767226800}}))
     assert {name for name, _ in scrape(metrics)} == {"kubetrain_trainingjob_restarts_total"}
     assert set(scrape(metrics).values()) == {0.0}
+
+
+def exposition(endpoint: Endpoint) -> dict[str, float]:
+    """Every unlabelled sample of the endpoint's registry, and the names of the others (value nan)."""
+    text = generate_latest(endpoint.registry).decode()
+    return {
+        sample.name: sample.value if not sample.labels else float("nan")
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_standby_serves_its_process_and_leading_0_and_leading_adds_the_operators_series() -> None:
+    """`lead()` may run twice (kopf retries a startup handler that failed): the same metrics, no error."""
+    endpoint = Endpoint.create()
+    standby = exposition(endpoint)
+    assert {name: standby[name] for name in standby if name.startswith("kubetrain_")} == {
+        "kubetrain_leader_election_leading": 0.0
+    }
+    assert "python_info" in standby
+    operator = endpoint.lead()
+    assert endpoint.lead() is operator
+    cache = ClusterCache()
+    Controller(None, cache, metrics=operator)  # type: ignore[arg-type]
+    cache.observe(job("demo", RUNNING))
+    leading = exposition(endpoint)
+    assert leading["kubetrain_leader_election_leading"] == 1.0
+    assert {"kubetrain_trainingjob_epoch", "kubetrain_workqueue_depth", "python_info"} <= set(leading)

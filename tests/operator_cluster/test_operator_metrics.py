@@ -1,5 +1,5 @@
 """The operator's /metrics, scraped from the running process, against what the README documents and what
-the chart's dashboard and alert rules query."""
+the chart's dashboard and alert rules query; and a leader-election standby's, before and after it leads."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ import json
 import re
 import time
 import urllib.request
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubetrain_operator.runtime import leader
 from kubetrain_trainer import contract, progress
 from prometheus_client.parser import text_string_to_metric_families
-from testcluster import monitoring
+from testcluster import monitoring, processes
 from testcluster.cluster import Cluster
 from testcluster.manifests import trainingjob
-from testcluster.operator_process import OperatorProcess
+from testcluster.operator_process import OperatorProcess, install_crd
 from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -187,3 +188,74 @@ def test_a_deleted_jobs_series_leave_the_metrics_and_the_others_stay(
         lambda: not series("gone"), "the deleted job's series to leave /metrics", timeout=60, explain=explain
     )
     assert "kubetrain_trainingjob_phase" in series("kept")
+
+
+def test_a_standby_serves_its_own_metrics_and_once_it_leads_the_same_port_serves_the_operators(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A Ready standby is a target of the metrics Service: its port answers from the start, with the
+    process's series and kubetrain_leader_election_leading 0 but nothing of the operator's (no cache, no
+    per-job series, no counters beside the leader's). Once the Lease is released to it, the same port
+    says it leads and serves the per-job series of the job in its namespace."""
+    install_crd(cluster)  # as the session's operator does, which this test does not start
+    lease = "kubetrain-standby-metrics"
+    # Another replica holds the Lease and, as the standby sees it, for an hour: it stands by until released.
+    held = {"holderIdentity": "another-replica", "leaseDurationSeconds": 3600}
+    held["renewTime"] = held["acquireTime"] = leader.micro_time(datetime.now(UTC))
+    cluster.apply(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease, "namespace": namespace},
+            "spec": held,
+        }
+    )
+    suspended = trainingjob("waiting", workers=1)
+    suspended["spec"]["runPolicy"] = {"suspend": True}
+    apply(cluster, namespace, suspended)
+    standby = OperatorProcess(
+        cluster,
+        tmp_path / "standby.log",
+        extra_args=(
+            "--leader-elect",
+            "--leader-election-namespace",
+            namespace,
+            "--leader-election-id",
+            lease,
+        ),
+        env={"POD_NAME": "standby"},
+        metrics_port=processes.free_port(),
+        namespaces=(namespace,),
+    )
+    url = standby.metrics_url
+    assert url is not None
+    try:
+        standby.start()  # returns once /healthz answers, which a standby does
+        wait_for(
+            lambda: "standing by" in standby.log_tail(), "the replica to stand by", explain=standby.log_tail
+        )
+        samples = scrape(url)
+        assert samples["kubetrain_leader_election_leading"] == {(): 0.0}
+        assert {name for name in samples if name.startswith("kubetrain_")} == {
+            "kubetrain_leader_election_leading"
+        }
+        assert "process_start_time_seconds" in samples and "python_info" in samples, sorted(samples)
+
+        cluster.kubectl(
+            "-n", namespace, "patch", "lease", lease, "--type=merge", "-p", '{"spec":{"holderIdentity":null}}'
+        )
+        wait_for(
+            lambda: phase_of(scrape(url), namespace, "waiting") == "Suspended",
+            "the new leader's per-job series of the suspended job",
+            timeout=90,
+            explain=standby.log_tail,
+        )
+        samples = scrape(url)
+        assert samples["kubetrain_leader_election_leading"] == {(): 1.0}
+        assert of_job(samples, namespace, "waiting") == {
+            "kubetrain_trainingjob_phase": 1.0,
+            "kubetrain_trainingjob_restarts_total": 0.0,
+        }
+        assert "kubetrain_workqueue_depth" in samples and "process_start_time_seconds" in samples
+    finally:
+        standby.stop()

@@ -46,7 +46,7 @@ class OperatorProcess:
     """`kubetrain operator` in its own process group; `kill()` is a SIGKILL, as a crashing node would do.
 
     `env` adds environment variables (e.g. POD_NAME, the replica's identity in a Lease); `metrics_port`
-    serves /metrics there (`metrics_url`)."""
+    serves /metrics there (`metrics_url`); `namespaces` watches only those, instead of every namespace."""
 
     def __init__(
         self,
@@ -55,12 +55,15 @@ class OperatorProcess:
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         metrics_port: int | None = None,
+        *,
+        namespaces: tuple[str, ...] = (),
     ) -> None:
         self._cluster = cluster
         self._log_path = log_path
         self._extra_args = extra_args + (("--metrics-port", str(metrics_port)) if metrics_port else ())
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
         self._env = env or {}
+        self._scope = [f"--namespace={name}" for name in namespaces] or ["--all-namespaces"]
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0, wait_live: bool = True) -> None:
@@ -71,7 +74,7 @@ class OperatorProcess:
         """
         port = processes.free_port()
         env = {**os.environ, **self._env, "KUBECONFIG": str(self._cluster.kubeconfig)}
-        argv = [sys.executable, "-m", "kubetrain_operator.cli", "operator", "--all-namespaces"]
+        argv = [sys.executable, "-m", "kubetrain_operator.cli", "operator", *self._scope]
         argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", *self._extra_args]
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(

@@ -7,7 +7,7 @@ Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `cache`: the children and cluster objects as last seen, filed by owner;
 - `informer`: the watches of the children that fill the cache;
 - `events`: Kubernetes Events about TrainingJobs, posted in the background;
-- `metrics`: the Prometheus metrics;
+- `metrics`: the Prometheus metrics, and the one endpoint a replica serves them on from its start;
 - `workeridentity`: the workers' ServiceAccount, created where they run;
 - `workqueue`: which TrainingJob is reconciled next, and when;
 - `controller`: plan execution (status first, then deletions, creations and events);

@@ -25,8 +25,9 @@ The semantics are client-go's (k8s.io/client-go/tools/leaderelection):
 
 A replica runs nothing (no kopf, no controller, no informers) until it holds the Lease; meanwhile it
 answers its liveness endpoint (`health`), healthy while its election turns (`LeaderElector.campaigning`),
-so that a standby is Ready and a rolling update can go on. A replica that shuts down cleanly fences
-itself and then releases the Lease, so a rolling update hands over at once.
+so that a standby is Ready and a rolling update can go on, and serves /metrics (`metrics.Endpoint`: the
+process's series and kubetrain_leader_election_leading 0), so that, Ready, it scrapes as up. A replica
+that shuts down cleanly fences itself and then releases the Lease, so a rolling update hands over at once.
 The identity is the pod's name: a restarted container of the same pod finds itself the holder and leads
 at once, which is safe because the kubelet killed the previous container before starting it.
 

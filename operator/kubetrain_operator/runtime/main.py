@@ -30,11 +30,11 @@ from kubetrain_operator.runtime import (
     informer,
     kube,
     leader,
+    metrics,
     workeridentity,
 )
 from kubetrain_operator.runtime.cache import ClusterCache
 from kubetrain_operator.runtime.controller import Controller
-from kubetrain_operator.runtime.metrics import Metrics
 
 logger = logging.getLogger("kubetrain.operator")
 
@@ -65,6 +65,7 @@ class Options:
     """With it, the operator creates `worker_service_account`, bound to this ClusterRole, in each namespace
     where it creates workers (`workeridentity`)."""
     metrics_port: int = dataclasses.field(default=8080, metadata=_env("KUBETRAIN_METRICS_PORT"))
+    """Where every replica serves /metrics from its start, a standby too (`metrics.Endpoint`); 0: nowhere."""
     liveness: str | None = dataclasses.field(
         default="http://0.0.0.0:8081/healthz", metadata=_env("KUBETRAIN_LIVENESS")
     )
@@ -77,7 +78,8 @@ class Options:
     log_format: str = dataclasses.field(default="full", metadata=_env("KUBETRAIN_LOG_FORMAT"))
     leader_elect: bool = dataclasses.field(default=False, metadata=_env("KUBETRAIN_LEADER_ELECT"))
     """HA through a coordination.k8s.io Lease: standbys run nothing until they hold it but answer the
-    liveness endpoint (`health`), and every write of the leader is fenced by its renew deadline (`leader`).
+    liveness endpoint (`health`) and serve /metrics (`metrics.Endpoint`), and every write of the leader is
+    fenced by its renew deadline (`leader`).
     The only HA mode: kopf runs standalone, because kopf's peering pauses only kopf's own watches while the
     informers, the queue and the reconcile threads of a paused replica would go on acting from a frozen
     cache."""
@@ -154,9 +156,16 @@ def _parse(kind: str, raw: str, variable: str) -> Any:
     raise TypeError(f"no reader for options of type {kind} ({variable})")
 
 
-_state: dict[str, Any] = {"options": Options(), "fence": None, "standby_health": None}
-"""What `run` hands to kopf's startup handler: the options, the leader's write fence (or None), and the
-liveness server it answered with while standing by (or None), to close once kopf serves its own."""
+_state: dict[str, Any] = {
+    "options": Options(),
+    "fence": None,
+    "standby_health": None,
+    "metrics": metrics.Endpoint.create(),
+}
+"""What `run` hands to kopf's startup handler: the options, the leader's write fence (or None), the
+liveness server it answered with while standing by (or None), to close once kopf serves its own, and the
+process's metrics endpoint (one per process: `run` serves it before the election, the startup handler
+adds the operator's metrics to it)."""
 
 LOG_FORMATS = ("plain", "full", "json")
 
@@ -208,7 +217,7 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
             kueue=kueue,
             gang_provider=gang_provider,
         ),
-        metrics=Metrics.create(),
+        metrics=_state["metrics"].lead(),
         workers=options.workers,
         namespaces=None if options.all_namespaces else options.watched_namespaces(),
         worker_identities=identities,
@@ -229,11 +238,6 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         child_informer.start()
     informer.when_synced(children, controller.ready.set)
     controller.start()
-    if options.metrics_port:
-        try:
-            controller.metrics.serve(options.metrics_port)
-        except OSError as exc:  # metrics are not worth refusing to reconcile over
-            logger.warning("cannot serve metrics on port %s: %s", options.metrics_port, exc)
     memo["controller"] = controller
     memo["cache"] = controller.cache
     memo["events"] = poster
@@ -314,6 +318,13 @@ def run(options: Options) -> None:
         # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
         # The controller logs every transition it acts on at INFO.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if options.metrics_port:
+        # From the start, a standby too: a Ready pod is an endpoint of the metrics Service, and a target
+        # that does not answer would read as down. The same server serves the leader's metrics later.
+        try:
+            _state["metrics"].serve(options.metrics_port)
+        except OSError as exc:  # metrics are not worth refusing to reconcile over
+            logger.warning("cannot serve metrics on port %s: %s", options.metrics_port, exc)
     elector = None
     try:
         if options.leader_elect:

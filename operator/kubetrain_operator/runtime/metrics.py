@@ -6,7 +6,11 @@ errors, active jobs, the work queue's depth, updated as the controller works. An
 operator's cache at every scrape, so a job's series exist exactly as long as the job does (a deleted
 job's vanish with it from the cache, with no bookkeeping that could leak) and say what its status says.
 
-One registry per process (not the global default one) so tests can build their own.
+Every replica serves /metrics from its start to its end, on one server (`Endpoint`): a standby (leader
+election on, not leading) serves the process's and the Python runtime's series and
+kubetrain_leader_election_leading 0, so that it is a healthy scrape target like any Ready pod; the
+replica that leads adds the two kinds above to the same registry, so each of their series comes from one
+replica only. One registry per process (not the global default one) so tests can build their own.
 """
 
 from __future__ import annotations
@@ -16,7 +20,16 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kubetrain_operator.api import jobstatus
@@ -123,8 +136,47 @@ class Metrics:
         for name in transitions:
             counters[name].labels(namespace=namespace).inc()
 
+
+@dataclasses.dataclass
+class Endpoint:
+    """What one operator process serves on --metrics-port, for its whole life: one registry on one server,
+    started before the leader election, so the port never closes nor changes hands when a standby leads.
+
+    From the start: the process's series (process_*: CPU, memory, open files, start time), the Python
+    runtime's (python_info, python_gc_*) and `leading`. `lead()` adds the operator's own (`Metrics`) to
+    the same registry: a standby exports no operator or per-TrainingJob series (it has no cache, and its
+    zeros would stand beside the leader's), so no series of ours comes from two replicas at once."""
+
+    registry: CollectorRegistry
+    leading: Gauge
+    operator: Metrics | None = None
+    """The operator's metrics, once `lead()` made them."""
+
+    @classmethod
+    def create(cls) -> Endpoint:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        leading = Gauge(
+            "kubetrain_leader_election_leading",
+            "1 while this replica runs the operator (it holds the Lease, or runs without leader election), "
+            "0 while it stands by.",
+            registry=registry,
+        )
+        return cls(registry=registry, leading=leading)
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Answer GET /metrics on `port` from a daemon thread until the process ends."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def lead(self) -> Metrics:
+        """This replica runs the operator from now on: its metrics join the registry (once) and `leading`
+        turns 1. Returns them, for the controller to update."""
+        if self.operator is None:
+            self.operator = Metrics.create(self.registry)
+        self.leading.set(1)
+        return self.operator
 
 
 class TrainingJobCollector:
