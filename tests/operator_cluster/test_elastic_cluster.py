@@ -134,3 +134,44 @@ def test_kubectl_scale_is_refused_for_a_fixed_size_job_and_outside_the_elastic_b
         with pytest.raises(KubectlError) as refused:
             cluster.kubectl("-n", namespace, "scale", f"tj/{name}", f"--replicas={replicas}")
         assert message in str(refused.value)
+
+
+def test_a_store_whose_node_is_deleted_costs_one_re_rendezvous_with_a_new_store_and_no_restart(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The node is deleted, as a cloud's node controller does with a lost machine: the pod garbage
+    collector fails its pods (DisruptionTarget, DeletionByPodGC). Before, the store's fixed name kept
+    the new group waiting on the old store and the loss counted against maxRestarts."""
+    [node] = cluster.add_nodes(1, prefix=f"lost-{namespace}", labels={"pool": f"lost-{namespace}"})
+    manifest = trainingjob("roaming", workers=2, annotations=HOLD, elastic={"minWorkers": 1, "maxWorkers": 2})
+    manifest["spec"]["nodeSelector"] = {"pool": f"lost-{namespace}"}
+    manifest["spec"]["runPolicy"] = {"maxRestarts": 0}
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(manifest))
+    _wait_jobs(cluster, namespace, "roaming", {"roaming-rdzv", "roaming-r0-w0", "roaming-r0-w1"}, operator)
+    wait_for(lambda: _members(cluster, namespace, "roaming") == [0, 1], "members [0, 1]", 90)
+
+    cluster.kubectl("delete", "node", node)
+
+    def restarted() -> dict[str, Any] | None:
+        status = _get(cluster, namespace, "tj", "roaming").get("status") or {}
+        return status if status.get("disruptionRestarts") else None
+
+    status = wait_for(restarted, "a disruption restart after the node went", 180, explain=operator.log_tail)
+    assert status["restarts"] == 0, status
+    restarting = next(c for c in status["conditions"] if c["type"] == "Restarting")
+    assert restarting["reason"] == "WorkerDisrupted", restarting
+    assert "the rendezvous store (pod roaming-rdzv-" in restarting["message"], restarting
+    assert status["disruptionRestarts"] == 1, "one lost store, one re-rendezvous"
+    assert f"on node {node} was deleted by the pod garbage collector" in restarting["message"], restarting
+    assert (status.get("elastic") or {}).get("storeGeneration") == 1, status
+    # The new group asks for the pool again; once a node serves it, the new store and workers run there.
+    [node] = cluster.add_nodes(1, prefix=f"lost-{namespace}", labels={"pool": f"lost-{namespace}"})
+    try:
+        _wait_jobs(
+            cluster, namespace, "roaming", {"roaming-rdzv-g1", "roaming-r1-w0", "roaming-r1-w1"}, operator
+        )
+        wait_for(lambda: _members(cluster, namespace, "roaming") == [0, 1], "members [0, 1] again", 90)
+        final = _get(cluster, namespace, "tj", "roaming")["status"]
+        assert (final["restarts"], final["disruptionRestarts"]) == (0, 1), final
+    finally:
+        cluster.kubectl("delete", "node", "--wait=false", node, check=False)

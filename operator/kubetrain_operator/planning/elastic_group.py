@@ -259,7 +259,12 @@ def _restart_group(group: _Group, store: Worker | None) -> plans.Plan:
     decision = decide_rendezvous_loss(group.spec, store, group.restarts, steps.disruption_restarts(status))
     if decision.action == "fail":
         return group.fail(decision.reason, decision.message, decision.worker)
-    status["elastic"] = {"storeGeneration": generation + 1}
+    # The old group's record goes (status is merge-patched: each key it had is nulled), the store's
+    # generation moves on.
+    status["elastic"] = {
+        **dict.fromkeys(status.get("elastic") or {}),
+        "storeGeneration": generation + 1,
+    }
     return steps.restart_whole_group(
         out, group.obs.jobs, decision, attempt=group.counter, restarts=group.restarts, now=group.now
     )
