@@ -261,3 +261,28 @@ def test_an_elastic_job_is_admitted_at_the_size_it_was_scaled_to_in_the_queue_an
     assert "WorkersAboveAdmission" in reasons, reasons
     jobs.cluster.kubectl("-n", jobs.namespace, "scale", "tj/stretchy", "--replicas=2")
     jobs.wait(lambda: workers() == {"stretchy-r0-w0", "stretchy-r0-w1"}, "worker 2 removed by the scale-down")
+
+
+def test_a_queued_jobs_node_selector_edit_reaches_its_workload_and_kueue_admits_the_new_one(
+    jobs: Jobs,
+) -> None:
+    """Queued asking for nodes no flavor has, then edited to the flavor's nodes: before, the Workload kept
+    the pod sets it was created with and Kueue never admitted the job (or, the other way round, admitted
+    a node selector the workers no longer asked for)."""
+    picky = _queued("picky")
+    picky["spec"]["nodeSelector"] = {"kubetrain.io/test-pool": "elsewhere"}
+    jobs.apply(picky)
+    jobs.wait(
+        lambda: "doesn't match node affinity" in jobs.status("picky").get("message", ""),
+        "Kueue to refuse its flavor for the first node selector, said in the TrainingJob's status",
+    )
+    patch = json.dumps({"spec": {"nodeSelector": FLAVOR_LABELS}})
+    jobs.cluster.kubectl("-n", jobs.namespace, "patch", "tj", "picky", "--type=merge", "-p", patch)
+    jobs.wait(
+        lambda: (
+            jobs.workload("picky")["spec"]["podSets"][0]["template"]["spec"].get("nodeSelector")
+            == FLAVOR_LABELS
+        ),
+        "the queued Workload to carry the new node selector",
+    )
+    jobs.wait_phase("picky", "Succeeded", timeout=300)

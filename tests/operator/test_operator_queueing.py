@@ -222,7 +222,8 @@ def test_suspending_a_queued_job_deactivates_its_workload_and_resuming_activates
     )
     assert held.workload_spec == {"active": False}
     assert held.status["phase"] == "Suspended"
-    resumed = _plan(_queued_job(), _workload(active=False))
+    queued_pod_sets = _plan(_queued_job()).create[0]["spec"]["podSets"]
+    resumed = _plan(_queued_job(), _workload(active=False, podSets=queued_pod_sets))
     assert resumed.workload_spec == {"active": True}
 
 
@@ -344,7 +345,8 @@ def test_a_scaled_elastic_job_is_queued_at_its_new_size_until_quota_is_reserved(
     plan = _plan(_elastic_queued(3), workload)
     pod_sets = (plan.workload_spec or {}).get("podSets")
     if patched:
-        assert pod_sets is not None and [(p["name"], p["count"]) for p in pod_sets] == [("workers", 3)]
+        assert pod_sets is not None
+        assert [(p["name"], p["count"]) for p in pod_sets] == [("workers", 3), ("rendezvous", 1)]
     else:
         assert pod_sets is None
 
@@ -432,3 +434,38 @@ def test_releasing_an_evicted_workload_sets_pods_ready_back_to_waiting_for_the_s
     status = queueing.released(workload, queueing.read_admission(workload), NOW)
     [pods_ready] = [c for c in status["conditions"] if c["type"] == "PodsReady"]
     assert (pods_ready["status"], pods_ready["reason"]) == ("False", "WaitForStart")
+
+
+def _job_asking(**scheduling: Any) -> dict[str, Any]:
+    return _queued_job(trainer_spec(workers=4, resources={"requests": {"cpu": "1"}}, **scheduling))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"nodeSelector": {"pool": "b"}},
+        {"tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}]},
+        {"priorityClassName": "urgent"},
+        {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
+    ],
+    ids=["node-selector", "tolerations", "priority-class", "affinity"],
+)
+@pytest.mark.parametrize(
+    ("conditions", "resynced"),
+    [((), True), (ADMITTED, False)],
+    ids=["queued-pod-sets-follow-the-spec", "reserved-pod-sets-are-left-alone"],
+)
+def test_a_queued_jobs_scheduling_edits_reach_its_workload_until_quota_is_reserved(
+    edit: dict[str, Any], conditions: tuple[tuple[str, str, str, str], ...], resynced: bool
+) -> None:
+    queued = _plan(_job_asking())
+    workload = _workload(*conditions, podSets=queued.create[0]["spec"]["podSets"])
+    assert (_plan(_job_asking(), workload).workload_spec or {}).get("podSets") is None, "nothing changed"
+    pod_sets = (_plan(_job_asking(**edit), workload).workload_spec or {}).get("podSets")
+    if not resynced:
+        assert pod_sets is None
+        return
+    assert pod_sets is not None
+    [key] = edit
+    assert pod_sets[0]["template"]["spec"][key] == edit[key]
+    assert pod_sets[0]["count"] == 4

@@ -66,6 +66,8 @@ class Context:
     may patch its own pod's progress annotation); None leaves the namespace's default account."""
     placement: Placement | None = None
     """The admission's additions to the worker pods; None when no queueing system admitted the job."""
+    store_placement: Placement | None = None
+    """The admission's additions to an elastic job's rendezvous store pod (its own pod set)."""
     default_gang_provider: api.GangProvider | None = None
     """The gang scheduler for a spec.gangScheduling naming no provider (see gang.default_provider)."""
     store_generation: int = 0
@@ -522,10 +524,14 @@ def build_rendezvous_job(ctx: Context) -> dict[str, Any] | None:
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in ctx.spec.tolerations or ()],
         "priorityClassName": ctx.spec.priority_class_name,
     }
+    where = ctx.store_placement
+    if where is not None:
+        optional["nodeSelector"] = {**(ctx.spec.node_selector or {}), **where.node_selector}
+        optional["tolerations"] += [t for t in where.tolerations if t not in optional["tolerations"]]
     pod_spec.update({k: v for k, v in optional.items() if v})
     pod_metadata = {
         # Like the workers' pods: mesh and network-policy labels and annotations concern the store too.
-        "labels": {**(ctx.spec.pod_labels or {}), **labels},
+        "labels": {**(ctx.spec.pod_labels or {}), **labels, **(where.labels if where else {})},
         "annotations": {**(ctx.spec.pod_annotations or {}), constants.ANNOTATION_JOB_NAME: ctx.owner.name},
     }
     return {

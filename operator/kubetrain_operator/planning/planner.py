@@ -150,6 +150,7 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         default_service_account=defaults.service_account,
         default_gang_provider=defaults.gang_provider,
         placement=queue.placement,
+        store_placement=queue.store_placement,
     )
     if ctx.gang_provider is not None:
         status["gangProvider"] = ctx.gang_provider

@@ -36,6 +36,7 @@ Workload of its own and never suspends it while the TrainingJob's Workload is ad
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -46,7 +47,9 @@ from kubetrain_operator.planning import builders, observe, plans
 from kubetrain_operator.planning import status as st
 
 POD_SET = "workers"
-"""The name of the Workload's one pod set."""
+"""The name of the Workload's pod set of workers."""
+STORE_POD_SET = "rendezvous"
+"""An elastic job's second pod set: its rendezvous store's one pod, admitted with the workers."""
 
 PODS_READY = "PodsReady"
 """The Workload condition Kueue's waitForPodsReady reads (see `pods_ready`)."""
@@ -90,7 +93,28 @@ def pod_sets(ctx: builders.Context) -> list[dict[str, Any]]:
     template = builders.build_pod_template(ctx, 0)
     for container in template["spec"]["containers"]:
         container.pop("env", None)
-    return [{"name": POD_SET, "count": ctx.spec.workers, "template": template}]
+    sets = [{"name": POD_SET, "count": ctx.spec.workers, "template": template}]
+    store = builders.build_rendezvous_job(ctx)
+    if store is not None:
+        sets.append({"name": STORE_POD_SET, "count": 1, "template": _store_template(store, template)})
+    return sets
+
+
+def _store_template(store: Mapping[str, Any], workers: Mapping[str, Any]) -> dict[str, Any]:
+    """The store pod's template as Kueue is to count it: its requests only in the resources the workers
+    request, which the ClusterQueue covers (the workers could not be admitted otherwise); a resource it
+    does not cover would keep the whole job from being admitted for a pod of 100m CPU."""
+    template = json.loads(json.dumps(store["spec"]["template"]))
+    covered = {
+        resource
+        for container in workers["spec"]["containers"]
+        for resource in ((container.get("resources") or {}).get("requests") or {})
+    }
+    for container in template["spec"]["containers"]:
+        container.pop("env", None)
+        requests = (container.get("resources") or {}).get("requests") or {}
+        container["resources"] = {"requests": {k: v for k, v in requests.items() if k in covered}}
+    return template
 
 
 def pod_set_count(workload: Mapping[str, Any]) -> int | None:
@@ -99,6 +123,24 @@ def pod_set_count(workload: Mapping[str, Any]) -> int | None:
         if pod_set.get("name") == POD_SET:
             return int(pod_set.get("count", 1))
     return None
+
+
+def pod_set_shapes(sets: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """What Kueue admits a pod set by: its name and count, and its template's scheduling constraints and
+    resources. Compared with what the spec asks now, to re-sync a queued Workload."""
+    shapes = []
+    for pod_set in sets:
+        pod_spec = (pod_set.get("template") or {}).get("spec") or {}
+        containers = tuple(
+            (c.get("name"), json.dumps(c.get("resources") or {}, sort_keys=True))
+            for c in (*pod_spec.get("initContainers", ()), *pod_spec.get("containers", ()))
+        )
+        constraints = tuple(
+            json.dumps(pod_spec.get(key), sort_keys=True)
+            for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName")
+        )
+        shapes.append((pod_set.get("name"), int(pod_set.get("count", 1)), containers, constraints))
+    return shapes
 
 
 def build_workload(ctx: builders.Context, queue: str, labels: Mapping[str, str] | None) -> dict[str, Any]:
@@ -148,6 +190,8 @@ class Admission:
     cluster_queue: str | None
     flavors: tuple[str, ...]
     """The ResourceFlavors assigned to the workers' pod set, in admission order, without repeats."""
+    store_flavors: tuple[str, ...]
+    """Those assigned to an elastic job's store pod set (none when the Workload has no such set)."""
     workers: int | None
     """How many workers the admission holds quota for (the assignment's count, else the pod set's)."""
     waiting: str
@@ -171,14 +215,15 @@ def read_admission(workload: Mapping[str, Any]) -> Admission:
     (QuotaReserved, Admitted, Evicted, Finished) and from status.admission's flavor assignment."""
     status = workload.get("status") or {}
     admission = status.get("admission") or {}
-    flavors: list[str] = []
+    flavors: dict[str, list[str]] = {POD_SET: [], STORE_POD_SET: []}
     workers = None
     for assignment in admission.get("podSetAssignments") or ():
-        if assignment.get("name") == POD_SET:
+        name = assignment.get("name")
+        if name == POD_SET:
             workers = assignment.get("count", pod_set_count(workload))
-            for flavor in (assignment.get("flavors") or {}).values():
-                if flavor not in flavors:
-                    flavors.append(flavor)
+        for flavor in (assignment.get("flavors") or {}).values():
+            if name in flavors and flavor not in flavors[name]:
+                flavors[name].append(flavor)
     evicted = _condition(workload, "Evicted")
     eviction = None
     if evicted is not None and evicted.get("status") == "True":
@@ -199,19 +244,26 @@ def read_admission(workload: Mapping[str, Any]) -> Admission:
         evicted=eviction,
         finished=_true(workload, "Finished"),
         cluster_queue=admission.get("clusterQueue"),
-        flavors=tuple(flavors),
+        flavors=tuple(flavors[POD_SET]),
+        store_flavors=tuple(flavors[STORE_POD_SET]),
         workers=workers,
         waiting=waiting,
     )
 
 
-def placement(admission: Admission, flavors: Mapping[str, Mapping[str, Any]]) -> builders.Placement | str:
-    """What the assigned flavors add to every worker pod, as Kueue's podset.FromAssignment computes it
-    (their nodeLabels as node selector, their tolerations) plus the kueue.x-k8s.io/podset label; or why
-    it cannot be known yet (a flavor the cache does not hold yet)."""
+def placement(
+    admission: Admission,
+    flavors: Mapping[str, Mapping[str, Any]],
+    assigned: Sequence[str] | None = None,
+    pod_set: str = POD_SET,
+) -> builders.Placement | str:
+    """What the flavors assigned to a pod set (the workers' unless `assigned` says) add to each of its
+    pods, as Kueue's podset.FromAssignment computes it (their nodeLabels as node selector, their
+    tolerations) plus the kueue.x-k8s.io/podset label; or why it cannot be known yet (a flavor the cache
+    does not hold yet)."""
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
-    for name in admission.flavors:
+    for name in admission.flavors if assigned is None else assigned:
         flavor = flavors.get(name)
         if flavor is None:
             return f"waiting for ResourceFlavor {name}, assigned by ClusterQueue {admission.cluster_queue}"
@@ -219,7 +271,7 @@ def placement(admission: Admission, flavors: Mapping[str, Mapping[str, Any]]) ->
         node_selector.update(spec.get("nodeLabels") or {})
         tolerations += [dict(t) for t in spec.get("tolerations") or () if t not in tolerations]
     return builders.Placement(
-        node_selector=node_selector, tolerations=tolerations, labels={constants.KUEUE_PODSET_LABEL: POD_SET}
+        node_selector=node_selector, tolerations=tolerations, labels={constants.KUEUE_PODSET_LABEL: pod_set}
     )
 
 
@@ -293,6 +345,8 @@ class Queued:
     """(reason, message) while Kueue has not admitted it: it stays Suspended, with no workers."""
     placement: builders.Placement | None = None
     """What the admission adds to the worker pods."""
+    store_placement: builders.Placement | None = None
+    """What it adds to an elastic job's store pod, when the Workload has the store's pod set."""
     admitted_by: str | None = None
     """The ClusterQueue that admitted it."""
     admitted_workers: int | None = None
@@ -350,10 +404,14 @@ def plan_admission(
     if is_active(obs.workload) == spec.run_policy.suspend:
         out.workload_spec = {"active": not spec.run_policy.suspend}
     verdict = read_admission(obs.workload)
-    if not verdict.reserved and pod_set_count(obs.workload) not in (None, spec.workers):
-        # An elastic job scaled while it holds no quota: Kueue is to admit the size asked for now (Kueue
-        # allows changing pod sets only then).
-        out.workload_spec = {**(out.workload_spec or {}), "podSets": pod_sets(ctx)}
+    wanted = pod_sets(ctx)
+    if not verdict.reserved and pod_set_shapes(obs.workload["spec"].get("podSets") or []) != pod_set_shapes(
+        wanted
+    ):
+        # Changed while it holds no quota (an elastic job scaled; node selector, tolerations, affinity or
+        # priority class edited): Kueue is to admit what the workers will ask for, not what they asked
+        # for when queued (Kueue allows changing pod sets only while no quota is reserved).
+        out.workload_spec = {**(out.workload_spec or {}), "podSets": wanted}
     if verdict.evicted is not None:
         evicted, why = verdict.evicted
         if verdict.reserved and not obs.jobs:
@@ -375,10 +433,20 @@ def plan_admission(
             )
         return Queued(hold=("Queued", f"queued in LocalQueue {queue}: {verdict.waiting}{governed}"))
     where = placement(verdict, obs.flavors)
-    if isinstance(where, str):
-        out.requeue_after = plans.WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
-        return Queued(hold=("Queued", where))
-    return Queued(placement=where, admitted_by=verdict.cluster_queue, admitted_workers=verdict.workers)
+    store_where = None
+    if verdict.store_flavors:
+        store_where = placement(verdict, obs.flavors, verdict.store_flavors, STORE_POD_SET)
+    for unknown in (where, store_where):
+        if isinstance(unknown, str):
+            out.requeue_after = plans.WAIT_SECONDS  # the flavor's watch event wakes no TrainingJob
+            return Queued(hold=("Queued", unknown))
+    assert not isinstance(where, str) and not isinstance(store_where, str)
+    return Queued(
+        placement=where,
+        store_placement=store_where,
+        admitted_by=verdict.cluster_queue,
+        admitted_workers=verdict.workers,
+    )
 
 
 def within_admission(spec: api.TrainingJobSpec, queue: Queued) -> api.TrainingJobSpec:
