@@ -12,10 +12,13 @@ does for a JobSet:
   spec.workers and the worker pod template (resources, node selector, tolerations, affinity), queued in
   the LocalQueue named by the kueue.x-k8s.io/queue-name label, with the priority of the
   kueue.x-k8s.io/priority-class label (a WorkloadPriorityClass) or of spec.priorityClassName;
-- an elastic job (spec.elastic) is admitted at its current size: while the Workload holds no quota its
-  pod set follows spec.workers (`kubectl scale` on a queued job), and once admitted the group runs at
+- while the Workload holds no quota its pod sets follow the spec (a queued job's node selector,
+  tolerations, affinity or priority class edited, `kubectl scale` on a queued elastic job): Kueue judges
+  what the workers will ask for;
+- an elastic job (spec.elastic) is admitted at its current size, and once admitted the group runs at
   most the admitted count (Kueue forbids changing an admitted Workload's pod sets): a scale-down frees
-  workers at once, a scale-up beyond the admission waits until the job is admitted again;
+  workers at once, a scale-up beyond the admission waits until the job is admitted again; its
+  rendezvous store is a second pod set, `rendezvous`, placed on the flavor assigned to it;
 - the TrainingJob stays suspended (no workers) until the Workload is Admitted; its workers then get the
   assigned flavors' nodeLabels as node selector and their tolerations (podset.FromAssignment), and the
   kueue.x-k8s.io/podset label;
