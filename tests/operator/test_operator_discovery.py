@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-from kubetrain_operator.runtime import kube, main
+from kubetrain_operator.api import constants
+from kubetrain_operator.planning import plans
+from kubetrain_operator.runtime import discovery, kube, main
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +53,90 @@ def test_the_waits_grow_to_fifteen_seconds_and_stay_there() -> None:
     slept: list[float] = []
     assert main.discover(ask, "kueue.x-k8s.io/v1beta2", slept.append) == frozenset()
     assert slept == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0]
+
+
+class _Cluster:
+    """What a cluster serves, changed by the test as an admin would install things; every question
+    asked is recorded, and `down` makes each answer a passing failure."""
+
+    def __init__(self) -> None:
+        self.apis: dict[str, frozenset[str]] = {}
+        self.down = False
+        self.asked: list[str] = []
+
+    def _answer(self, api_version: str) -> None:
+        self.asked.append(api_version)
+        if self.down:
+            raise kube.ApiError(503, "ServiceUnavailable", "etcd leader changed")
+
+    def serves(self, api_version: str) -> bool:
+        self._answer(api_version)
+        return api_version in self.apis
+
+    def served_resources(self, api_version: str) -> frozenset[str]:
+        self._answer(api_version)
+        if api_version not in self.apis:
+            raise kube.ApiError(404, "NotFound", "the server could not find the requested resource")
+        return self.apis[api_version]
+
+
+def _late(
+    cluster: _Cluster, defaults: plans.Defaults, *, kueue_wanted: bool = True
+) -> tuple[discovery.LateAPIs, list[discovery.Found], dict[str, Any]]:
+    current: dict[str, Any] = {"defaults": defaults}
+    found: list[discovery.Found] = []
+
+    def adopt(what: discovery.Found) -> None:
+        found.append(what)
+        current["defaults"] = dataclasses.replace(
+            current["defaults"],
+            kueue=current["defaults"].kueue or what.kueue,
+            gang_provider=what.gang_provider or current["defaults"].gang_provider,
+        )
+
+    late = discovery.LateAPIs(
+        cluster,  # type: ignore[arg-type]
+        lambda: current["defaults"],
+        adopt,
+        kueue_wanted=kueue_wanted,
+    )
+    return late, found, current
+
+
+def test_kueue_installed_after_the_start_is_found_at_the_next_round_and_then_no_longer_asked_for() -> None:
+    cluster = _Cluster()
+    late, found, current = _late(cluster, plans.Defaults(gang_provider="volcano"))
+    assert late.check() == discovery.Found() and found == []
+    cluster.apis[constants.KUEUE_API] = frozenset({"workloads"})
+    assert late.check() == discovery.Found(kueue=True)
+    assert current["defaults"].kueue and not late.missing()
+    cluster.asked.clear()
+    late.check()
+    assert cluster.asked == [], "nothing is missing any more: no request"
+
+
+def test_a_gang_api_installed_after_the_start_becomes_the_provider_of_new_jobs() -> None:
+    cluster = _Cluster()
+    late, _found, current = _late(cluster, plans.Defaults(kueue=True))
+    assert late.check().gang_provider is None
+    cluster.apis[constants.VOLCANO_PODGROUP_API] = frozenset({"podgroups"})
+    assert late.check() == discovery.Found(gang_provider="volcano")
+    assert current["defaults"].gang_provider == "volcano"
+
+
+def test_a_failed_round_is_not_taken_for_not_served_and_is_asked_again() -> None:
+    cluster = _Cluster()
+    cluster.apis[constants.KUEUE_API] = frozenset({"workloads"})
+    cluster.down = True
+    late, _found, _current = _late(cluster, plans.Defaults(gang_provider="volcano"))
+    assert late.check() == discovery.Found() and late.missing()
+    cluster.down = False
+    assert late.check() == discovery.Found(kueue=True)
+
+
+def test_under_no_kueue_kueue_is_never_asked_for() -> None:
+    cluster = _Cluster()
+    late, _, _ = _late(cluster, plans.Defaults(gang_provider="volcano"), kueue_wanted=False)
+    assert not late.missing()
+    late.check()
+    assert cluster.asked == []

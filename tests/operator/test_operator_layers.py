@@ -64,6 +64,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
         "workqueue",
         "controller",
         "handlers",
+        "discovery",
         "main",
     ),
     "local": ("manifests", "processes", "group_run", "elastic_run", "command"),

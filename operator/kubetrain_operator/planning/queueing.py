@@ -383,9 +383,8 @@ def plan_admission(
             hold=(
                 "KueueNotInstalled",
                 f"labelled {constants.KUEUE_QUEUE_LABEL}={queue}, but this cluster served no Kueue Workload "
-                f"API ({constants.KUEUE_API}) when the operator started: install Kueue with "
-                f"{constants.KUEUE_EXTERNAL_FRAMEWORK} in its integrations.externalFrameworks, then restart "
-                "the operator",
+                f"API ({constants.KUEUE_API}): install Kueue with {constants.KUEUE_EXTERNAL_FRAMEWORK} in "
+                "its integrations.externalFrameworks; the operator notices it within a minute",
             )
         )
     name = workload_name(obs.name)

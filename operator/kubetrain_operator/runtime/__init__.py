@@ -12,5 +12,6 @@ Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `workqueue`: which TrainingJob is reconciled next, and when;
 - `controller`: plan execution (status first, then deletions, creations and events);
 - `handlers`: kopf handlers that only feed the cache and the queue;
+- `discovery`: Kueue or a gang API installed after the start, noticed without a restart;
 - `main`: the operator's settings and start.
 """

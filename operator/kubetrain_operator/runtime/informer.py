@@ -174,12 +174,19 @@ def informers(
     on_change: Callable[[Key], None],
     kueue: bool = False,
 ) -> list[Informer]:
-    """One informer per child kind and scope; with `kueue`, Workloads too, and one for ResourceFlavors."""
-    kinds = [kind for kind in CHILD_KINDS if kueue or kind != "Workload"]
+    """One informer per child kind and scope; with `kueue`, Kueue's (`kueue_informers`) too."""
+    kinds = [kind for kind in CHILD_KINDS if kind != "Workload"]
     out = [Informer(client, cache, kind, scope, on_change) for kind in kinds for scope in scopes(namespaces)]
-    if kueue:
-        out += [Informer(client, cache, kind, CLUSTER_SCOPE, on_change) for kind in CLUSTER_KINDS]
-    return out
+    return out + (kueue_informers(client, cache, namespaces, on_change) if kueue else [])
+
+
+def kueue_informers(
+    client: kube.Kube, cache: ClusterCache, namespaces: list[str] | None, on_change: Callable[[Key], None]
+) -> list[Informer]:
+    """Workloads in each scope and the cluster's ResourceFlavors: at start when Kueue is served, or
+    started later when Kueue is installed after the operator (`discovery.LateAPIs`)."""
+    out = [Informer(client, cache, "Workload", scope, on_change) for scope in scopes(namespaces)]
+    return out + [Informer(client, cache, kind, CLUSTER_SCOPE, on_change) for kind in CLUSTER_KINDS]
 
 
 def when_synced(started: list[Informer], then: Callable[[], None]) -> None:

@@ -24,6 +24,7 @@ from kubetrain_operator import __version__, api
 from kubetrain_operator.api import constants
 from kubetrain_operator.planning import admission, gang, plans
 from kubetrain_operator.runtime import (
+    discovery,
     events,
     handlers,  # noqa: F401  (registers the kopf handlers)
     health,
@@ -202,8 +203,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         identities = workeridentity.WorkerIdentities(
             client, options.worker_service_account, options.worker_cluster_role
         )
-    # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue installed later needs an
-    # operator restart, and until then a queued TrainingJob waits, saying so.
+    # Kueue admits queued TrainingJobs through Workloads (see queueing); a Kueue or gang API installed
+    # later is noticed by `discovery.LateAPIs` below, and until then a queued TrainingJob waits, saying so.
     kueue = options.kueue and discover(lambda: client.serves(constants.KUEUE_API), constants.KUEUE_API)
     gang_provider = _discover_gang_provider(client)
     controller = Controller(
@@ -238,10 +239,18 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         child_informer.start()
     informer.when_synced(children, controller.ready.set)
     controller.start()
+    late = discovery.LateAPIs(
+        client,
+        lambda: controller.defaults,
+        lambda found: _adopt(controller, children, found),
+        kueue_wanted=options.kueue,
+    )
+    late.start()
     memo["controller"] = controller
     memo["cache"] = controller.cache
     memo["events"] = poster
     memo["informers"] = children
+    memo["discovery"] = late
     # kopf serves the liveness endpoint right after its startup handlers: the standby's server gives the
     # address up now, so the probes never find it unanswered.
     _close_standby_health()
@@ -277,7 +286,8 @@ def discover(ask: Callable[[], Answer], what: str, sleep: Callable[[float], None
 
 def _discover_gang_provider(client: kube.Kube) -> api.GangProvider | None:
     """The gang scheduler for TrainingJobs whose spec.gangScheduling names none: the first this cluster
-    serves (gang.default_provider). Asked once, at start: enabling another one takes a restart."""
+    serves (gang.default_provider), asked at start until the API server answers; one installed later is
+    noticed by `discovery.LateAPIs`."""
     served: dict[str, frozenset[str]] = {}
     for api_version, _ in gang.REQUIRED_RESOURCES.values():
         try:
@@ -289,8 +299,38 @@ def _discover_gang_provider(client: kube.Kube) -> api.GangProvider | None:
     return provider
 
 
+def _adopt(controller: Controller, running: list[informer.Informer], found: discovery.Found) -> None:
+    """Take in an API installed since start: a gang provider at once for new jobs; Kueue once its
+    informers have listed (a Workload must never be created for a job whose Workload is not yet known),
+    then every TrainingJob is planned again, so the queued ones get their Workloads."""
+    if found.gang_provider is not None:
+        controller.defaults = dataclasses.replace(controller.defaults, gang_provider=found.gang_provider)
+    if not found.kueue:
+        return
+    kueue = informer.kueue_informers(
+        controller.kube,
+        controller.cache,
+        controller.namespaces,
+        lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+    )
+    for each in kueue:
+        each.start()
+    running += kueue  # stopped at shutdown with the others
+
+    def admit_through_kueue() -> None:
+        controller.defaults = dataclasses.replace(controller.defaults, kueue=True)
+        for body in controller.cache.trainingjobs():
+            meta = body.get("metadata") or {}
+            controller.schedule((meta.get("namespace", ""), meta.get("name", "")), 0.0)
+
+    informer.when_synced(kueue, admit_through_kueue)
+
+
 @kopf.on.cleanup()
 def shutdown(memo: Any, **_: Any) -> None:
+    late = memo.get("discovery")
+    if late is not None:
+        late.stop()
     controller = memo.get("controller")
     if controller is not None:
         controller.stop()
