@@ -188,3 +188,50 @@ def test_drained_workers_restart_the_group_without_spending_a_restart(
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=drain-ddp"
     )
     assert "was evicted through the Eviction API" in events and "not counted against maxRestarts" in events
+
+
+def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restarts_naming_it(
+    real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
+) -> None:
+    """Worker 1's trainer is frozen (SIGSTOP: a real process that stops making progress, its heartbeat
+    thread with it); worker 0 then waits in its all-reduce for ever, as in a hung collective. No exit code
+    ever comes: only failurePolicy.progressDeadlineSeconds ends the wait."""
+    cluster, node = real_cluster
+    manifest = workload.trainingjob("hang-ddp", epochs=6)
+    manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 60}
+    cluster.apply(manifest)
+    checkpoints = volumes["output"] / "hang-ddp" / "checkpoints"
+
+    def mid_training() -> bool:
+        return (
+            checkpoints.is_dir()
+            and any(checkpoints.iterdir())
+            and workload.status(cluster, "hang-ddp").get("phase") == "Running"
+        )
+
+    wait_for(
+        mid_training,
+        "a checkpoint while hang-ddp runs",
+        600,
+        interval=1,
+        explain=lambda: workload.story(cluster, "hang-ddp"),
+    )
+    assert workload.status(cluster, "hang-ddp")["restarts"] == 0, "a healthy group is never taken for hung"
+    frozen = workload.pod_of(cluster, "hang-ddp-r0-w1")
+    os.kill(node.container_pid(WORKLOAD_NAMESPACE, frozen, "worker"), signal.SIGSTOP)
+
+    status = wait_for(
+        lambda: (s := workload.status(cluster, "hang-ddp")).get("restarts") == 1 and s,
+        "the stalled group to be restarted",
+        300,
+        interval=1,
+        explain=lambda: workload.story(cluster, "hang-ddp"),
+    )
+    restarting = next(c for c in status["conditions"] if c["type"] == "Restarting")
+    assert restarting["reason"] == "ProgressStalled", restarting
+    assert f"worker 1 (pod {frozen}) at step" in restarting["message"], restarting
+    assert "(failurePolicy.progressDeadlineSeconds)" in restarting["message"], restarting
+    assert status["lastFailure"]["reason"] == "ProgressStalled", status["lastFailure"]
+
+    done = workload.wait_phase(cluster, "hang-ddp", "Succeeded", 900)
+    assert done["restarts"] == 1 and done["progress"]["resumedFrom"]["attempt"] == 1, done
