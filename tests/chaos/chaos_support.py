@@ -34,12 +34,15 @@ AUDIT_POLICY = {
                 {"group": "batch", "resources": ["jobs"]},
                 {"group": "kubetrain.io", "resources": ["trainingjobs", "trainingjobs/status"]},
                 {"group": "coordination.k8s.io", "resources": ["leases"]},
+                {"group": "scheduling.k8s.io", "resources": ["workloads", "workloads/status", "podgroups"]},
+                {"group": "kueue.x-k8s.io", "resources": ["workloads", "workloads/status"]},
             ],
         },
         {"level": "None"},
     ],
 }
-"""Audit every write an operator can make (children, status, events, its Lease), and nothing else: the
+"""Audit every write an operator can make (children, status, events, its Lease, gang and Kueue
+Workloads, the latter also where no Kueue is installed), and nothing else: the
 Metadata level records who (user agent), what, and when the API server received it."""
 
 
