@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,50 @@ def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restar
 
     done = workload.wait_phase(cluster, "hang-ddp", "Succeeded", 900)
     assert done["restarts"] == 1 and done["progress"]["resumedFrom"]["attempt"] == 1, done
+
+
+def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_starts_once_they_go(
+    real_cluster: tuple[Cluster, Node], installed: Cluster
+) -> None:
+    """The kubelet is stopped (SIGSTOP: the node goes silent, its containers keep running, as on a node
+    cut off from the API server). The suspended group's pods stay Terminating past their grace period;
+    the resumed job must not start a second group beside them however long that lasts (before, the
+    operator gave up waiting 120 s after the old Jobs' deletion). Once the kubelet is back the pods go
+    and the new attempt starts."""
+    cluster, node = real_cluster
+    cluster.apply(workload.trainingjob("cut-ddp", epochs=6))
+    workload.wait_phase(cluster, "cut-ddp", "Running", 600)
+    suspend = '{"spec":{"runPolicy":{"suspend":%s}}}'
+    kubelet = node.pids["kubelet"]
+    os.killpg(kubelet, signal.SIGSTOP)
+    try:
+        cluster.kubectl(
+            "-n", WORKLOAD_NAMESPACE, "patch", "tj", "cut-ddp", "--type=merge", "-p", suspend % "true"
+        )
+        wait_for(
+            lambda: workload.status(cluster, "cut-ddp").get("phase") == "Suspended",
+            "cut-ddp to be suspended",
+            120,
+            explain=lambda: workload.story(cluster, "cut-ddp"),
+        )
+        cluster.kubectl(
+            "-n", WORKLOAD_NAMESPACE, "patch", "tj", "cut-ddp", "--type=merge", "-p", suspend % "false"
+        )
+
+        def past_grace() -> str | None:
+            message = workload.status(cluster, "cut-ddp").get("pendingMessage") or ""
+            return message if "past its grace period" in message else None
+
+        message = wait_for(past_grace, "the wait to say a pod is past its grace period", 180, interval=2)
+        assert "cut-ddp-r0-w" in message and "kubectl delete pod" in message, message
+        time.sleep(130)  # past the 120 s after which the old planner started the next group anyway
+        status = workload.status(cluster, "cut-ddp")
+        assert status["pendingReason"] == "WaitingForOldWorkers", status
+        jobs = cluster.kubectl(
+            "-n", WORKLOAD_NAMESPACE, "get", "jobs", "-l", "kubetrain.io/job-name=cut-ddp", "-o", "name"
+        )
+        assert "cut-ddp-r1-" not in jobs, jobs
+    finally:
+        os.killpg(kubelet, signal.SIGCONT)
+    done = workload.wait_phase(cluster, "cut-ddp", "Succeeded", 900)
+    assert (done["restartAttempt"], done["restarts"]) == (1, 0), done
