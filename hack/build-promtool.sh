@@ -14,34 +14,14 @@
 # so a new promtool does not rebuild the control plane); a rerun with the same version is a no-op.
 # Prints that directory as its last line.
 set -euo pipefail
+# shellcheck source=hack/go-tool.sh
+source "$(dirname "$0")/go-tool.sh"
 
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
-CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
-out="$CACHE_ROOT/k8s-bin/promtool-${PROMETHEUS_VERSION}"
-mkdir -p "$out"
-
-log() { printf '[build-promtool %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-# One build at a time per version: test sessions started together wait for the first one's binary.
-exec 9>"$out/.lock"
-flock 9
-
-if [ ! -x "$out/promtool" ]; then
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
-  # Prometheus' go.mod has no replace directives (checked for v0.316.0), so a wrapper module that only
-  # requires it resolves the same dependency versions as its own release build.
-  printf 'module kubetrain.local/promtoolbuild\n\ngo 1.26\n\nrequire github.com/prometheus/prometheus %s\n' \
-    "$PROMETHEUS_VERSION" >"$work/go.mod"
-  minor_patch=${PROMETHEUS_VERSION#v0.3}
-  release="3.$((10#${minor_patch%%.*})).${minor_patch#*.}"
-  log "promtool $PROMETHEUS_VERSION (Prometheus $release): building"
-  start=$(date +%s)
-  # Built from a wrapper module, the binary cannot read its own version from the build info: set it.
-  (cd "$work" && go build -trimpath -tags remove_all_sd \
-    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
-    -o "$out/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool && mv "$out/promtool.tmp" "$out/promtool")
-  log "promtool: built in $(( $(date +%s) - start ))s"
-fi
-echo "$out"
+minor_patch=${PROMETHEUS_VERSION#v0.3}
+release="3.$((10#${minor_patch%%.*})).${minor_patch#*.}"
+# Prometheus' go.mod has no replace directives (checked for v0.316.0). Built from a wrapper module, the
+# binary cannot read its own version from the build info: set it.
+build_go_tool promtool github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+  github.com/prometheus/prometheus/cmd/promtool 1.26 -tags remove_all_sd \
+  -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release"

@@ -107,13 +107,8 @@ def decide_failure(
         return failure.Decision(
             "fail", "NonRetryableExitCode", f"{what}: the exit code is non-retryable (failurePolicy)", worker
         )
-    limit = spec.run_policy.max_restarts
-    return _budget_spent(what, restarts, limit, worker) or failure.Decision(
-        "restart",
-        "WorkerReplaced",
-        f"{what}; replacing worker {worker.index} alone (restart {restarts + 1} of {limit})",
-        worker,
-    )
+    then = f"replacing worker {worker.index} alone"
+    return failure.counted_restart(spec, what, restarts, reason="WorkerReplaced", then=then, worker=worker)
 
 
 def decide_rendezvous_loss(
@@ -132,24 +127,7 @@ def decide_rendezvous_loss(
             lost = dataclasses.replace(lost, disruption="JobDeleted")
         return failure.decide_disruption(spec, lost, disruptions, then)
     why = store if isinstance(store, str) else f"the rendezvous store ended: {store.reason or store.phase}"
-    limit = spec.run_policy.max_restarts
-    return _budget_spent(why, restarts, limit) or failure.Decision(
-        "restart", "RendezvousLost", f"{why}; {then} (restart {restarts + 1} of {limit})"
-    )
-
-
-def _budget_spent(
-    what: str, restarts: int, limit: int, worker: failure.Worker | None = None
-) -> failure.Decision | None:
-    """The failing decision once `restarts` has reached maxRestarts; None while the budget lasts."""
-    if restarts < limit:
-        return None
-    return failure.Decision(
-        "fail",
-        "RestartLimitExceeded",
-        f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-        worker,
-    )
+    return failure.counted_restart(spec, why, restarts, reason="RendezvousLost", then=then, worker=None)
 
 
 @dataclasses.dataclass

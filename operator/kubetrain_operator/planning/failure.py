@@ -123,6 +123,22 @@ def _blame(failed: Sequence[Worker], policy: api.FailurePolicy) -> tuple[Worker,
     return min(failed, key=lambda w: (w.finished_at is None, w.finished_at or "", w.index)), True
 
 
+def counted_restart(
+    spec: api.TrainingJobSpec, what: str, restarts: int, *, reason: str, then: str, worker: Worker | None
+) -> Decision:
+    """Restart (`then` says how) as restart `restarts + 1` of runPolicy.maxRestarts, or fail with
+    RestartLimitExceeded once they are spent."""
+    limit = spec.run_policy.max_restarts
+    if restarts >= limit:
+        return Decision(
+            "fail",
+            "RestartLimitExceeded",
+            f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
+            worker,
+        )
+    return Decision("restart", reason, f"{what}; {then} (restart {restarts + 1} of {limit})", worker)
+
+
 def decide(
     spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int, disruptions: int = 0
 ) -> Decision:
@@ -146,19 +162,8 @@ def decide(
             return decide_disruption(
                 spec, cause, disruptions, "restarting the whole group from its checkpoint"
             )
-        limit = spec.run_policy.max_restarts
-        if restarts >= limit:
-            return Decision(
-                "fail",
-                "RestartLimitExceeded",
-                f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-                worker,
-            )
-        return Decision(
-            "restart",
-            "WorkerFailed",
-            f"{what}; restarting the whole group (restart {restarts + 1} of {limit})",
-            worker,
+        return counted_restart(
+            spec, what, restarts, reason="WorkerFailed", then="restarting the whole group", worker=worker
         )
     if spec.success_policy == "Worker0":
         if workers and workers[0].phase == "succeeded":
@@ -208,20 +213,8 @@ def decide_stall(
         f"(failurePolicy.progressDeadlineSeconds): {named}{more}"
     )
     blamed = dataclasses.replace(stalled[0], reason="ProgressStalled")
-    limit = spec.run_policy.max_restarts
-    if restarts >= limit:
-        return Decision(
-            "fail",
-            "RestartLimitExceeded",
-            f"{what}; the restart budget is spent ({restarts} of maxRestarts {limit})",
-            blamed,
-        )
-    return Decision(
-        "restart",
-        "ProgressStalled",
-        f"{what}; restarting the whole group from its checkpoint (restart {restarts + 1} of {limit})",
-        blamed,
-    )
+    then = "restarting the whole group from its checkpoint"
+    return counted_restart(spec, what, restarts, reason="ProgressStalled", then=then, worker=blamed)
 
 
 def next_stall_check(spec: api.TrainingJobSpec, workers: Sequence[Worker], now: datetime) -> float | None:
