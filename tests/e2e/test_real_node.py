@@ -95,27 +95,34 @@ def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
     assert len(metrics["epochs"]) == 3
 
 
+def _wait_mid_training(cluster: Cluster, name: str, output: Path, attempt: int = 0) -> None:
+    """Until the job runs attempt `attempt` and has a checkpoint to resume from."""
+    checkpoints = output / name / "checkpoints"
+
+    def mid_training() -> bool:
+        status = workload.status(cluster, name)
+        return (
+            status.get("phase") == "Running"
+            and status.get("restartAttempt") == attempt
+            and checkpoints.is_dir()
+            and any(checkpoints.iterdir())
+        )
+
+    wait_for(
+        mid_training,
+        f"{name} running attempt {attempt} with a checkpoint",
+        600,
+        interval=1,
+        explain=lambda: workload.story(cluster, name),
+    )
+
+
 def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpoint(
     real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
     cluster, node = real_cluster
     cluster.apply(workload.trainingjob("kill-ddp", epochs=6))
-    checkpoints = volumes["output"] / "kill-ddp" / "checkpoints"
-
-    def mid_training() -> bool:
-        return (
-            checkpoints.is_dir()
-            and any(checkpoints.iterdir())
-            and workload.status(cluster, "kill-ddp").get("phase") == "Running"
-        )
-
-    wait_for(
-        mid_training,
-        "a checkpoint while kill-ddp runs",
-        600,
-        interval=1,
-        explain=lambda: workload.story(cluster, "kill-ddp"),
-    )
+    _wait_mid_training(cluster, "kill-ddp", volumes["output"])
     os.kill(
         node.container_pid(WORKLOAD_NAMESPACE, workload.pod_of(cluster, "kill-ddp-r0-w1"), "worker"),
         signal.SIGKILL,
@@ -158,26 +165,8 @@ def test_drained_workers_restart_the_group_without_spending_a_restart(
     manifest = workload.trainingjob("drain-ddp", epochs=6)
     manifest["spec"]["runPolicy"] = {"maxRestarts": 0}
     cluster.apply(manifest)
-    checkpoints = volumes["output"] / "drain-ddp" / "checkpoints"
-
     for attempt in (0, 1):
-
-        def training(attempt: int = attempt) -> bool:
-            status = workload.status(cluster, "drain-ddp")
-            return (
-                status.get("phase") == "Running"
-                and status.get("restartAttempt") == attempt
-                and checkpoints.is_dir()
-                and any(checkpoints.iterdir())
-            )
-
-        wait_for(
-            training,
-            f"drain-ddp running attempt {attempt} with a checkpoint",
-            600,
-            interval=1,
-            explain=lambda: workload.story(cluster, "drain-ddp"),
-        )
+        _wait_mid_training(cluster, "drain-ddp", volumes["output"], attempt)
         _evict(cluster, workload.pod_of(cluster, f"drain-ddp-r{attempt}-w1"))
 
     status = workload.wait_phase(cluster, "drain-ddp", "Succeeded", 900)
@@ -201,22 +190,7 @@ def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restar
     manifest = workload.trainingjob("hang-ddp", epochs=6)
     manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 60}
     cluster.apply(manifest)
-    checkpoints = volumes["output"] / "hang-ddp" / "checkpoints"
-
-    def mid_training() -> bool:
-        return (
-            checkpoints.is_dir()
-            and any(checkpoints.iterdir())
-            and workload.status(cluster, "hang-ddp").get("phase") == "Running"
-        )
-
-    wait_for(
-        mid_training,
-        "a checkpoint while hang-ddp runs",
-        600,
-        interval=1,
-        explain=lambda: workload.story(cluster, "hang-ddp"),
-    )
+    _wait_mid_training(cluster, "hang-ddp", volumes["output"])
     assert workload.status(cluster, "hang-ddp")["restarts"] == 0, "a healthy group is never taken for hung"
     frozen = workload.pod_of(cluster, "hang-ddp-r0-w1")
     os.kill(node.container_pid(WORKLOAD_NAMESPACE, frozen, "worker"), signal.SIGSTOP)

@@ -178,3 +178,15 @@ def observed(
         jobs=jobs or [],
         pods=pods or [],
     )
+
+
+def running_status(**more: Any) -> dict[str, Any]:
+    """The status of a job whose attempt-0 group runs, with `more` on top."""
+    return {
+        "startTime": "2026-01-01T00:30:00Z",
+        "restartAttempt": 0,
+        "restarts": 0,
+        "phase": "Running",
+        "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"}],
+        **more,
+    }

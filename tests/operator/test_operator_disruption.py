@@ -9,23 +9,12 @@ from typing import Any
 import pytest
 from kubetrain_operator.planning import builders, planner, plans
 from kubetrain_operator.planning import status as st
-from operator_fakes import context, job, observed, pod, trainer_spec
+from operator_fakes import context, job, observed, pod, running_status, trainer_spec
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
 SAME_SECOND = "2026-01-01T00:50:05Z"
-
-
-def started(**more: Any) -> dict[str, Any]:
-    return {
-        "startTime": "2026-01-01T00:30:00Z",
-        "restartAttempt": 0,
-        "restarts": 0,
-        "phase": "Running",
-        "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"}],
-        **more,
-    }
 
 
 def evicted(index: int, attempt: int = 0, **more: Any) -> dict[str, Any]:
@@ -57,7 +46,7 @@ def _reason(p: plans.Plan, type_: str) -> str | None:
 
 
 def test_an_evicted_worker_restarts_the_group_without_spending_a_restart_and_says_where() -> None:
-    p = _plan(status=started(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
+    p = _plan(status=running_status(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
     assert p.status["phase"] == "Restarting"
     assert (p.status["restartAttempt"], p.status["restarts"], p.status["disruptionRestarts"]) == (1, 0, 1)
     assert _reason(p, "Restarting") == "WorkerDisrupted"
@@ -71,14 +60,14 @@ def test_an_evicted_worker_restarts_the_group_without_spending_a_restart_and_say
 
 
 def test_disruptions_restart_the_group_even_with_the_restart_budget_spent() -> None:
-    status = started(restartAttempt=3, restarts=3, disruptionRestarts=7)
+    status = running_status(restartAttempt=3, restarts=3, disruptionRestarts=7)
     p = _plan(status=status, jobs=[job(0, 3), job(1, 3)], pods=[peer_lost(0, 3), evicted(1, 3)])
     assert p.status["phase"] == "Restarting"
     assert (p.status["restarts"], p.status["disruptionRestarts"], p.status["restartAttempt"]) == (3, 8, 4)
 
 
 def test_a_crash_after_disruptions_still_counts_against_max_restarts() -> None:
-    status = started(restartAttempt=2, disruptionRestarts=2)
+    status = running_status(restartAttempt=2, disruptionRestarts=2)
     p = _plan(status=status, jobs=[job(0, 2), job(1, 2)], pods=[pod(0, 2, phase="Running"), peer_lost(1, 2)])
     assert _reason(p, "Restarting") == "WorkerFailed"
     assert (p.status["restarts"], p.status["disruptionRestarts"]) == (1, 2)
@@ -86,7 +75,7 @@ def test_a_crash_after_disruptions_still_counts_against_max_restarts() -> None:
 
 def test_the_disruption_budget_when_set_ends_a_flapping_job() -> None:
     spec = trainer_spec(runPolicy={"maxDisruptionRestarts": 2})
-    status = started(restartAttempt=2, disruptionRestarts=2)
+    status = running_status(restartAttempt=2, disruptionRestarts=2)
     p = _plan(spec, status=status, jobs=[job(0, 2), job(1, 2)], pods=[peer_lost(0, 2), evicted(1, 2)])
     assert p.status["phase"] == "Failed"
     assert _reason(p, "Failed") == "DisruptionLimitExceeded"
@@ -95,13 +84,13 @@ def test_the_disruption_budget_when_set_ends_a_flapping_job() -> None:
 
 def test_a_disruption_within_the_budget_says_how_many_are_left() -> None:
     spec = trainer_spec(runPolicy={"maxDisruptionRestarts": 2})
-    p = _plan(spec, status=started(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
+    p = _plan(spec, status=running_status(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
     assert "disruption 1 of 2" in p.status["message"]
 
 
 def test_an_allow_list_without_the_sigterm_code_does_not_fail_a_drained_job() -> None:
     spec = trainer_spec(failurePolicy={"retryableExitCodes": [10, 11]})
-    p = _plan(spec, status=started(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
+    p = _plan(spec, status=running_status(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
     assert p.status["phase"] == "Restarting"
     assert p.status["restarts"] == 0
 
@@ -109,14 +98,14 @@ def test_an_allow_list_without_the_sigterm_code_does_not_fail_a_drained_job() ->
 def test_the_trainers_sigterm_exit_is_retryable_whatever_the_allow_list() -> None:
     spec = trainer_spec(failurePolicy={"retryableExitCodes": [10, 11]})
     pods = [pod(0, phase="Running"), pod(1, phase="Failed", exit_code=130)]
-    p = _plan(spec, status=started(), jobs=[job(0), job(1)], pods=pods)
+    p = _plan(spec, status=running_status(), jobs=[job(0), job(1)], pods=pods)
     assert _reason(p, "Restarting") == "WorkerFailed"
     assert p.status["restarts"] == 1
 
 
 def test_a_peer_failing_while_the_evicted_pod_is_still_terminating_is_a_disruption() -> None:
     terminating = pod(1, phase="Running", node="node-2", disruption="EvictionByEvictionAPI")
-    p = _plan(status=started(), jobs=[job(0), job(1)], pods=[peer_lost(0), terminating])
+    p = _plan(status=running_status(), jobs=[job(0), job(1)], pods=[peer_lost(0), terminating])
     assert _reason(p, "Restarting") == "WorkerDisrupted"
     assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
 
@@ -133,7 +122,7 @@ def test_a_peer_failing_while_the_evicted_pod_is_still_terminating_is_a_disrupti
 )
 def test_each_disruption_is_named_by_who_caused_it(reason: str, words: str) -> None:
     pods = [peer_lost(0), pod(1, phase="Failed", exit_code=137, node="node-2", disruption=reason)]
-    p = _plan(status=started(), jobs=[job(0), job(1)], pods=pods)
+    p = _plan(status=running_status(), jobs=[job(0), job(1)], pods=pods)
     assert _reason(p, "Restarting") == "WorkerDisrupted"
     assert words in p.status["message"]
 
@@ -145,21 +134,21 @@ def test_a_disruption_whose_pod_is_gone_is_read_from_the_jobs_pod_failure_policy
         reason="PodFailurePolicy",
         message="Pod default/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0",
     )
-    p = _plan(status=started(), jobs=[job(0), failed], pods=[peer_lost(0)])
+    p = _plan(status=running_status(), jobs=[job(0), failed], pods=[peer_lost(0)])
     assert _reason(p, "Restarting") == "WorkerDisrupted"
     assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
 
 
 def test_a_job_failed_for_another_reason_is_still_a_failure() -> None:
     failed = job(1, condition="Failed", reason="BackoffLimitExceeded", message="Job has reached the limit")
-    p = _plan(status=started(), jobs=[job(0), failed], pods=[pod(0, phase="Running")])
+    p = _plan(status=running_status(), jobs=[job(0), failed], pods=[pod(0, phase="Running")])
     assert _reason(p, "Restarting") == "WorkerFailed"
     assert p.status["restarts"] == 1
 
 
 def test_a_non_retryable_code_beside_a_disruption_still_fails_the_job() -> None:
     pods = [pod(0, phase="Failed", exit_code=2), evicted(1)]
-    p = _plan(status=started(), jobs=[job(0), job(1)], pods=pods)
+    p = _plan(status=running_status(), jobs=[job(0), job(1)], pods=pods)
     assert _reason(p, "Failed") == "NonRetryableExitCode"
     assert "worker 0" in p.status["message"]
 

@@ -11,7 +11,7 @@ import pytest
 from kubetrain_operator import api
 from kubetrain_operator.planning import builders, planner, plans
 from kubetrain_operator.planning import status as st
-from operator_fakes import context, job, observed, pod, trainer_spec
+from operator_fakes import context, job, observed, pod, running_status, trainer_spec
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
@@ -22,17 +22,6 @@ DEADLINE = 300
 
 def ago(seconds: float) -> str:
     return (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def started(**more: Any) -> dict[str, Any]:
-    return {
-        "startTime": "2026-01-01T00:00:00Z",
-        "restartAttempt": 0,
-        "restarts": 0,
-        "phase": "Running",
-        "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning", "message": "m"}],
-        **more,
-    }
 
 
 def worker(index: int, *, step: int | None, idle: float | None, attempt: int = 0) -> dict[str, Any]:
@@ -51,7 +40,7 @@ def deadline_spec(seconds: int | None = DEADLINE, **more: Any) -> dict[str, Any]
 
 
 def _plan(spec: dict[str, Any], pods: list[dict[str, Any]], **kwargs: Any) -> plans.Plan:
-    kwargs.setdefault("status", started())
+    kwargs.setdefault("status", running_status())
     return planner.plan(observed(spec, jobs=[job(0), job(1)], pods=pods, **kwargs), NOW)
 
 
@@ -95,7 +84,7 @@ def test_a_progressing_group_runs_on_and_is_looked_at_again_before_it_could_stal
 
 def test_a_group_not_yet_all_running_is_not_judged() -> None:
     pods = [worker(0, step=0, idle=3000), pod(1, phase="Pending", unschedulable="0/3 nodes are available")]
-    p = _plan(deadline_spec(), pods, status=started(phase="Pending"))
+    p = _plan(deadline_spec(), pods, status=running_status(phase="Pending"))
     assert p.status["restarts"] == 0
     assert st.get_condition(p.status, "Restarting") is None
 
@@ -123,7 +112,7 @@ def test_a_malformed_heartbeat_is_no_heartbeat() -> None:
 
 def test_a_stall_with_the_budget_spent_fails_the_job() -> None:
     pods = [worker(0, step=9, idle=1, attempt=3), worker(1, step=9, idle=DEADLINE + 1, attempt=3)]
-    status = started(restartAttempt=3, restarts=3)
+    status = running_status(restartAttempt=3, restarts=3)
     p = planner.plan(observed(deadline_spec(), status=status, jobs=[job(0, 3), job(1, 3)], pods=pods), NOW)
     assert p.status["phase"] == "Failed"
     assert st.get_condition(p.status, "Failed")["reason"] == "RestartLimitExceeded"
