@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -134,8 +135,11 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
         "-n", WORKLOAD_NAMESPACE, "get", "jobs", "-l", "kubetrain.io/job-name=kill-ddp", "-o", "name"
     )
     assert sorted(jobs.split()) == ["job.batch/kill-ddp-r1-w0", "job.batch/kill-ddp-r1-w1"], jobs
+    # The trainer's line when it loads a checkpoint (components/resume.py); its "not resuming from
+    # checkpoint ...; starting fresh" line, a fresh start, must not pass.
     log = cluster.kubectl("-n", WORKLOAD_NAMESPACE, "logs", "job/kill-ddp-r1-w0")
-    assert "resum" in log.lower(), log[-3000:]
+    assert re.search(r"resumed from checkpoint \S+ in restart attempt 1: epoch \d+ of 6", log), log[-3000:]
+    assert status["progress"]["resumedFrom"]["attempt"] == 1, status
     events = cluster.kubectl(
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=kill-ddp"
     )
