@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -288,26 +287,40 @@ def test_release_fences_the_leader_and_hands_over_at_once() -> None:
 
 
 def test_the_renewing_thread_calls_on_lost_by_the_deadline_while_the_api_server_is_silent() -> None:
-    """Real clocks, short durations: every request hangs until its timeout, as on a dead connection."""
+    """The real renewing thread against a server whose every request hangs until its timeout, as on a dead
+    connection: each such request moves the replica's clock on by its timeout. Whatever the machine's
+    load, on_lost must come no later on that clock than the deadline: no request outlived it."""
+    replica = Replica()
 
     class Silent(FakeLeases):
         def _request(self, timeout: float | None) -> None:
             self.timeouts.append(timeout)
             if self.down:
-                time.sleep(timeout or 30.0)
+                replica.mono += 30.0 if timeout is None else timeout
                 raise kube.ApiError(0, "Timeout", "no answer")
 
     api = Silent()
-    timing = Timing(lease_seconds=1.5, renew_deadline=1.0, retry_period=0.2)
-    a = leader.LeaderElector(api, "ops", "a", timing=timing)  # type: ignore[arg-type]
+    timing = Timing(lease_seconds=15, renew_deadline=10, retry_period=0.05)
+    a = leader.LeaderElector(
+        api,  # type: ignore[arg-type]
+        "ops",
+        "a",
+        timing=timing,
+        monotonic=replica.monotonic,
+        wall_clock=replica.wall,
+    )
     assert a.try_acquire_or_renew()
-    acquired = time.monotonic()
+    deadline = replica.mono + timing.renew_deadline
+    # Part of the deadline is spent: a request given the whole renew deadline would now outlive it.
+    _advance(4, replica)
     api.down = True
+    lost_at: list[float] = []
     lost = threading.Event()
-    a.keep_renewing(on_lost=lost.set)
-    assert lost.wait(5)
-    assert time.monotonic() - acquired < timing.renew_deadline + 0.2
+    a.keep_renewing(on_lost=lambda: (lost_at.append(replica.mono), lost.set()))
+    assert lost.wait(30)
     a.stop()
+    assert api.timeouts[-1] == pytest.approx(6.0), api.timeouts
+    assert lost_at and lost_at[0] <= deadline, (lost_at, deadline)
 
 
 def test_the_client_calls_the_fence_right_before_every_write_and_never_before_a_read() -> None:
