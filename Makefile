@@ -80,8 +80,9 @@ lint: venv
 test: venv system-packages binaries node-images lint
 	$(BIN)/python -m pytest
 
+# The fast tests: no Go, no built binary, no cluster, no training run (about a minute on 2 cores).
 unit: venv
-	$(BIN)/python -m pytest -m unit
+	$(BIN)/python -m pytest -m "unit and not binaries and not trains"
 
 demo: venv
 	bash hack/demo.sh

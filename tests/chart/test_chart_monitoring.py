@@ -1,7 +1,7 @@
 """The chart's monitoring: the alert rules pass the real promtool (`check rules`, and `test rules` with the
 unit tests in testdata/), the Grafana dashboard ships in a ConfigMap the sidecar finds, and both are off
 unless asked for. That their metric names are the operator's is checked against its running /metrics in
-tests/operator_cluster/test_operator_metrics.py."""
+tests/operator_cluster/test_operator_metrics_served.py."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def run(promtool: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[st
     [{}, {"stalledMinutes": 90, "restarts": 5, "restartWindow": "6h"}],
     ids=["defaults", "tuned"],
 )
+@pytest.mark.binaries
 def test_promtool_checks_the_rendered_rules(
     helm_bin: Path, promtool: Path, tmp_path: Path, values: dict[str, Any]
 ) -> None:
@@ -59,6 +60,7 @@ def test_promtool_checks_the_rendered_rules(
         assert "[6h])) >= 5" in queries and "> 5400" in queries and "<= 5400" in queries
 
 
+@pytest.mark.binaries
 def test_the_alerts_fire_as_their_promtool_unit_tests_say(
     helm_bin: Path, promtool: Path, tmp_path: Path
 ) -> None:
@@ -69,6 +71,7 @@ def test_the_alerts_fire_as_their_promtool_unit_tests_say(
     assert "SUCCESS" in result.stdout, result.stdout
 
 
+@pytest.mark.binaries
 def test_promtool_fails_an_alert_that_does_not_fire_as_tested(
     helm_bin: Path, promtool: Path, tmp_path: Path
 ) -> None:
@@ -80,6 +83,7 @@ def test_promtool_fails_an_alert_that_does_not_fire_as_tested(
     assert "TrainingJobStalled" in result.stdout + result.stderr
 
 
+@pytest.mark.binaries
 def test_monitoring_objects_are_off_by_default_and_need_metrics(helm_bin: Path, tmp_path: Path) -> None:
     assert not of_kind(render(helm_bin, tmp_path), "PrometheusRule")
     assert not of_kind(render(helm_bin, tmp_path), "ConfigMap")
@@ -91,6 +95,7 @@ def test_monitoring_objects_are_off_by_default_and_need_metrics(helm_bin: Path, 
     assert only(objects, "ConfigMap")["metadata"]["namespace"] == "kubetrain-system"
 
 
+@pytest.mark.binaries
 def test_the_prometheus_rule_carries_the_labels_prometheus_selects(helm_bin: Path, tmp_path: Path) -> None:
     values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}}
     rule = only(render(helm_bin, tmp_path, values), "PrometheusRule")
@@ -98,6 +103,7 @@ def test_the_prometheus_rule_carries_the_labels_prometheus_selects(helm_bin: Pat
     assert rule["metadata"]["labels"]["release"] == "prom"
 
 
+@pytest.mark.binaries
 def test_the_dashboard_ships_in_a_configmap_grafanas_sidecar_loads(helm_bin: Path, tmp_path: Path) -> None:
     values = {
         "metrics": {

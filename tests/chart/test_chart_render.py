@@ -33,7 +33,7 @@ from chartkit import (
 from kubetrain_operator import api, cli
 from kubetrain_operator.runtime import health
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.binaries  # every test renders the chart with helm_bin
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"], "kueue": {"enabled": False}}
 LEADER = {"replicas": 2, "leaderElection": {"enabled": True}}

@@ -33,6 +33,7 @@ def _podman_run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.trains
 def test_trainer_image_trains_on_the_cifar_sample_as_uid_1000(images: dict[str, str], tmp_path: Path) -> None:
     data, output = tmp_path / "data", tmp_path / "output"
     data.mkdir()

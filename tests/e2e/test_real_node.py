@@ -58,6 +58,7 @@ def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(inst
     assert "kubetrain_trainingjobs_created_total" in metrics and "kubetrain_workqueue_depth" in metrics
 
 
+@pytest.mark.trains
 def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
     installed: Cluster, volumes: dict[str, Path]
 ) -> None:
@@ -118,6 +119,7 @@ def _wait_mid_training(cluster: Cluster, name: str, output: Path, attempt: int =
     )
 
 
+@pytest.mark.trains
 def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpoint(
     real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
@@ -160,6 +162,7 @@ def _evict(cluster: Cluster, pod: str) -> None:
     )
 
 
+@pytest.mark.trains
 def test_drained_workers_restart_the_group_without_spending_a_restart(
     installed: Cluster, volumes: dict[str, Path]
 ) -> None:
@@ -184,6 +187,7 @@ def test_drained_workers_restart_the_group_without_spending_a_restart(
     assert "was evicted through the Eviction API" in events and "not counted against maxRestarts" in events
 
 
+@pytest.mark.trains
 def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restarts_naming_it(
     real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
@@ -216,6 +220,7 @@ def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restar
     assert done["restarts"] == 1 and done["progress"]["resumedFrom"]["attempt"] == 1, done
 
 
+@pytest.mark.trains
 def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_starts_once_they_go(
     real_cluster: tuple[Cluster, Node], installed: Cluster
 ) -> None:

@@ -21,7 +21,13 @@ from testcluster.cluster import Cluster
 from testcluster.node import Node
 from testcluster.waiting import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.cluster,
+    pytest.mark.trains,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+]
 
 ELASTIC = {"minWorkers": 2, "maxWorkers": 3, "lastCallSeconds": 5}
 EPOCHS = 40

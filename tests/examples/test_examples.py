@@ -21,6 +21,7 @@ MANIFESTS = sorted(
 )
 
 
+@pytest.mark.unit
 def test_examples_cover_gpu_cpu_custom_script_and_queueing() -> None:
     names = {path.relative_to(EXAMPLES).as_posix() for path in MANIFESTS}
     assert {
@@ -46,6 +47,7 @@ def test_api_server_accepts_every_example(cluster: Cluster, namespace: str) -> N
 
 
 @pytest.mark.distributed
+@pytest.mark.trains
 def test_custom_torchrun_example_runs_four_ranks_locally(tmp_path: Path) -> None:
     completed = subprocess.run(
         [

@@ -17,6 +17,7 @@ GUIDE = DOCS / "migrating.md"
 TRANSLATIONS = sorted((DOCS / "migrating").glob("*.yaml"))
 
 
+@pytest.mark.unit
 def test_the_guide_translates_pytorchjob_and_trainjob_examples() -> None:
     assert {path.stem for path in TRANSLATIONS} >= {
         "pytorchjob-master-workers",

@@ -19,7 +19,7 @@ import yaml
 from kubetrain_operator import api
 from kubetrain_operator.local import elastic_run, group_run, processes
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.distributed, pytest.mark.trains, pytest.mark.slow, pytest.mark.timeout(1800)]
 """Real training on 2 shared cores: a run took up to 10 minutes under a load average of 20."""
 
 SAMPLE_TARBALL = Path(__file__).resolve().parents[2] / "examples" / "data" / "cifar10-sample.tar.gz"

@@ -130,6 +130,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     ).stdout
 
 
+@pytest.mark.trains
 def test_built_in_trainer_runs_real_ddp_locally(tmp_path: Path) -> None:
     manifest = tmp_path / "tj.yaml"
     manifest.write_text(

@@ -31,6 +31,7 @@ subjects:
 """
 
 
+@pytest.mark.trains
 def test_trainingjob_status_comes_from_real_ddp_training(
     cluster: Cluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:

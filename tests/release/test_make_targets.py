@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import yaml
 from kubetrain_operator.api import constants
-from testcluster import binaries
 
 pytestmark = pytest.mark.unit
 
@@ -142,9 +141,9 @@ def test_the_docker_build_tags_both_dockerfiles_images_with_the_version(tmp_path
     assert built.stdout.splitlines()[-2:] == references
 
 
-def test_chart_packages_the_chart_with_the_version(tmp_path: Path) -> None:
-    helm = binaries.ensure_binaries() / "helm"
-    made = make("chart", f"HELM={helm}", f"DIST={tmp_path}")
+@pytest.mark.binaries
+def test_chart_packages_the_chart_with_the_version(helm_bin: Path, tmp_path: Path) -> None:
+    made = make("chart", f"HELM={helm_bin}", f"DIST={tmp_path}")
     assert made.returncode == 0, made.stderr
     assert [p.name for p in tmp_path.iterdir()] == [f"kubetrain-{VERSION}.tgz"]
     with tarfile.open(tmp_path / f"kubetrain-{VERSION}.tgz") as package:
@@ -166,7 +165,8 @@ def test_push_chart_pushes_the_package_that_make_chart_wrote() -> None:
     ]
 
 
-def test_the_readmes_own_images_route_installs_the_pushed_images(tmp_path: Path) -> None:
+@pytest.mark.binaries
+def test_the_readmes_own_images_route_installs_the_pushed_images(helm_bin: Path) -> None:
     """`make push REGISTRY=R` then the README's `helm install ... --set ...`: the operator runs R's operator
     image and gives workers R's trainer image, both at the version `make push` tagged."""
     readme = (REPO_ROOT / "README.md").read_text()
@@ -175,9 +175,8 @@ def test_the_readmes_own_images_route_installs_the_pushed_images(tmp_path: Path)
     assert len(registry) == 1, registry
     sets = re.findall(r"--set (\S+=\S+)", install)
     assert sets, "the README's install section sets the image repositories"
-    helm = binaries.ensure_binaries() / "helm"
     rendered = subprocess.run(
-        [str(helm), "template", "kubetrain", "charts/kubetrain", *(f"--set={value}" for value in sets)],
+        [str(helm_bin), "template", "kubetrain", "charts/kubetrain", *(f"--set={value}" for value in sets)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

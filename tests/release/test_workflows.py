@@ -52,6 +52,7 @@ def release() -> dict[Any, Any]:
     return yaml.safe_load(RELEASE.read_text())
 
 
+@pytest.mark.binaries
 def test_actionlint_finds_nothing_in_the_workflows(actionlint: Path) -> None:
     workflows = sorted(WORKFLOWS_DIR.glob("*.yml"))
     assert RELEASE in workflows
@@ -59,6 +60,7 @@ def test_actionlint_finds_nothing_in_the_workflows(actionlint: Path) -> None:
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
+@pytest.mark.binaries
 def test_actionlint_fails_a_sloppy_workflow(actionlint: Path, tmp_path: Path) -> None:
     """The gate can fail: a misspelt action input, an unknown context and an unquoted variable in a
     script (shellcheck's SC2086) are each reported."""
@@ -82,6 +84,7 @@ def test_actionlint_fails_a_sloppy_workflow(actionlint: Path, tmp_path: Path) ->
     assert "SC2086" in result.stdout, result.stdout
 
 
+@pytest.mark.binaries
 def test_actionlint_is_the_version_its_build_script_names(actionlint: Path) -> None:
     script = (REPO_ROOT / "hack" / "build-actionlint.sh").read_text()
     pinned = re.search(r"ACTIONLINT_VERSION:-(v[\d.]+)", script)

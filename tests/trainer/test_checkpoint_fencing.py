@@ -263,6 +263,7 @@ def _group_config(output: Path) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
+@pytest.mark.trains
 def test_a_group_left_running_from_attempt_0_stops_at_its_next_save_and_attempt_1s_checkpoints_survive(
     tmp_path: Path,
 ) -> None:

@@ -39,6 +39,7 @@ def trained(sample_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return output / "sample"
 
 
+@pytest.mark.trains
 def test_train_writes_every_artifact(trained: Path) -> None:
     for name in ("model.pt", "metrics.json", "progress.json", "loss_curve.png", "confusion_matrix.png"):
         assert (trained / name).is_file(), name
@@ -52,6 +53,7 @@ def test_train_writes_every_artifact(trained: Path) -> None:
     assert progress["accuracy"] == pytest.approx(metrics["accuracy"])
 
 
+@pytest.mark.trains
 def test_progress_reports_training_and_validation_loss_each_under_its_own_name(trained: Path) -> None:
     progress = json.loads((trained / "progress.json").read_text())
     last = json.loads((trained / "metrics.json").read_text())["epochs"][-1]
@@ -61,6 +63,7 @@ def test_progress_reports_training_and_validation_loss_each_under_its_own_name(t
     assert progress["imagesPerSecond"] == last["images_per_second"] > 0  # the epoch's throughput
 
 
+@pytest.mark.trains
 def test_model_file_loads_with_weights_only_and_carries_its_preprocessing(trained: Path) -> None:
     blob = torch.load(trained / "model.pt", weights_only=True)
     assert blob["classes"][:2] == ["airplane", "automobile"]
@@ -68,6 +71,7 @@ def test_model_file_loads_with_weights_only_and_carries_its_preprocessing(traine
     assert len(blob["preprocessing"]["mean"]) == 3
 
 
+@pytest.mark.trains
 def test_predict_round_trip_classifies_held_out_images_better_than_chance(trained: Path) -> None:
     result = kubetrain("predict", str(trained / "model.pt"), str(PREDICT_DIR), "--json")
     assert result.returncode == 0, result.stderr
@@ -84,6 +88,7 @@ def test_predict_round_trip_classifies_held_out_images_better_than_chance(traine
     )
 
 
+@pytest.mark.trains
 def test_predict_preprocesses_a_file_exactly_as_training_did(trained: Path, sample_root: Path) -> None:
     model = artifacts.load_model(trained / "model.pt", torch.device("cpu"))
     data = datasets.load_image_folder(sample_root, 32, cache=True)  # the cache training wrote
@@ -96,6 +101,7 @@ def test_predict_preprocesses_a_file_exactly_as_training_did(trained: Path, samp
     assert model.preprocessing.mean != (0.5, 0.5, 0.5)
 
 
+@pytest.mark.trains
 def test_evaluate_prints_accuracy_and_the_per_class_table(trained: Path) -> None:
     result = kubetrain("evaluate", str(trained / "model.pt"))
     assert result.returncode == 0, result.stderr
@@ -104,6 +110,7 @@ def test_evaluate_prints_accuracy_and_the_per_class_table(trained: Path) -> None
     assert f"accuracy {metrics['accuracy']:.4f}" in result.stdout
 
 
+@pytest.mark.unit
 def test_invalid_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     env = trainer_env(_config(tmp_path, tmp_path, optimizer={"lr": 0}))
     result = kubetrain("train", env=env)
@@ -111,6 +118,7 @@ def test_invalid_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert "optimizer.lr" in result.stderr
 
 
+@pytest.mark.unit
 def test_missing_data_exits_3_naming_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     result = kubetrain("train", env=trainer_env(_config(missing, tmp_path)))
@@ -118,6 +126,7 @@ def test_missing_data_exits_3_naming_the_path(tmp_path: Path) -> None:
     assert str(missing) in result.stderr
 
 
+@pytest.mark.unit
 def test_corrupt_image_exits_3_naming_the_file(small_root: Path, tmp_path: Path) -> None:
     broken = small_root / "cat" / "0007.jpg"
     broken.write_bytes(b"\xff\xd8 this is not a jpeg")
@@ -126,12 +135,14 @@ def test_corrupt_image_exits_3_naming_the_file(small_root: Path, tmp_path: Path)
     assert str(broken) in result.stderr
 
 
+@pytest.mark.trains
 def test_predict_on_a_missing_image_exits_3(trained: Path, tmp_path: Path) -> None:
     result = kubetrain("predict", str(trained / "model.pt"), str(tmp_path / "absent.jpg"))
     assert result.returncode == ExitCode.DATA_ERROR
     assert "absent.jpg" in result.stderr
 
 
+@pytest.mark.unit
 def test_predict_errors_name_the_problem_without_a_rank_prefix(tmp_path: Path) -> None:
     """predict is one process, not a rank of a group: its errors are for the user at the terminal."""
     result = kubetrain("predict", str(tmp_path / "absent.pt"), str(PREDICT_DIR))

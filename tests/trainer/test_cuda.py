@@ -21,7 +21,10 @@ import pytest
 import torch
 from trainer_helpers import PREDICT_DIR, kubetrain, trainer_env
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.trains,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 EPOCHS = 3
 

@@ -43,6 +43,7 @@ def test_the_largest_seed_draws_batches_in_the_last_epoch() -> None:
     assert len(list(loader)) == 2
 
 
+@pytest.mark.unit
 def test_an_out_of_range_seed_flag_exits_2_naming_the_field() -> None:
     result = kubetrain("train", "--seed", "5000000000", env=trainer_env({"data": {"dataset": "fake"}}))
     assert result.returncode == ExitCode.BAD_CONFIG, result.stderr
@@ -97,6 +98,7 @@ def test_the_memory_limit_is_the_containers_else_the_machines(
     assert memory.memory_limit_bytes(tmp_path / "cgroup", meminfo) == expected
 
 
+@pytest.mark.unit
 def test_a_data_set_too_big_for_memory_exits_3_before_decoding(tmp_path: Path) -> None:
     config = {
         "model": "resnet_small",

@@ -12,6 +12,8 @@ import torch
 from kubetrain_trainer import datasets
 from kubetrain_trainer.failures import DataError
 
+pytestmark = pytest.mark.unit
+
 
 def test_decoded_tensors_are_cached_beside_the_tree_and_invalidated_by_changes(
     small_root: Path, caplog: pytest.LogCaptureFixture

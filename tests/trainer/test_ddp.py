@@ -19,7 +19,7 @@ from kubetrain_trainer.exit_codes import ExitCode
 from testcluster.processes import free_port
 from trainer_helpers import kubetrain, start_ranks, trainer_env, wait_all
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.trains]
 
 WORKER = str(Path(__file__).with_name("ddp_worker.py"))
 

@@ -9,6 +9,8 @@ import pytest
 from kubetrain_trainer import decoding
 from kubetrain_trainer.failures import DataError
 
+pytestmark = pytest.mark.unit
+
 
 def _paths(root: Path) -> list[Path]:
     return sorted(p for class_dir in sorted(root.iterdir()) for p in class_dir.iterdir())

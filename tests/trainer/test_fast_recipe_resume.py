@@ -12,8 +12,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from trainer_helpers import kubetrain, trainer_env
+
+pytestmark = pytest.mark.trains
 
 
 def _config(output: Path) -> dict[str, Any]:

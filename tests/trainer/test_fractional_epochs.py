@@ -12,6 +12,8 @@ import pytest
 import torch
 from trainer_helpers import kubetrain, trainer_env
 
+pytestmark = pytest.mark.trains
+
 
 def _config(output: Path) -> dict[str, Any]:
     return {

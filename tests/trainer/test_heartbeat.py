@@ -237,6 +237,7 @@ def test_the_trainer_ticks_on_every_step_validation_batch_and_checkpoint(tmp_pat
     assert calls["checkpoints"] and set(calls["checkpoints"]) == {None}
 
 
+@pytest.mark.trains
 def test_kubetrain_train_in_a_pod_sends_heartbeats_only_when_the_operator_asks(tmp_path: Path) -> None:
     """`kubetrain train` with a pod's environment (service-account token, the API server's CA) patches
     its own pod's heartbeat annotation when KUBETRAIN_HEARTBEAT_SECONDS is set, and sends no heartbeat

@@ -22,6 +22,8 @@ import torch
 from kubetrain_trainer import provenance
 from trainer_helpers import kubetrain, trainer_env
 
+pytestmark = pytest.mark.trains
+
 STEPS_PER_EPOCH = 8  # 96 fake images, a quarter of each class held out: 64 to 71 for training, batch 8
 EPOCHS = 2
 

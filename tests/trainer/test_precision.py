@@ -57,6 +57,7 @@ def test_bf16_predictions_are_fp32_probabilities_close_to_the_fp32_ones() -> Non
     assert (half - full).abs().max() < 0.02  # bf16 keeps 8 bits of mantissa: about 2 decimal digits
 
 
+@pytest.mark.trains
 def test_a_bf16_cpu_run_learns_and_its_model_predicts(sample_root: Path, tmp_path: Path) -> None:
     config = {
         "model": "whitened_cnn",

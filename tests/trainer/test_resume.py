@@ -34,6 +34,7 @@ def _epochs(job_dir: Path) -> list[int]:
     return [e["epoch"] for e in json.loads((job_dir / "metrics.json").read_text())["epochs"]]
 
 
+@pytest.mark.trains
 def test_a_new_job_under_the_same_name_starts_fresh_and_the_same_job_resumes(tmp_path: Path) -> None:
     first = trainer_env(_config(tmp_path), KUBETRAIN_JOB_NAME="same", KUBETRAIN_JOB_UID="uid-a")
     assert kubetrain("train", env=first).returncode == 0
@@ -55,6 +56,7 @@ def test_a_new_job_under_the_same_name_starts_fresh_and_the_same_job_resumes(tmp
     assert _epochs(tmp_path / "same") == [1, 2]  # both epochs trained again, by the new job
 
 
+@pytest.mark.trains
 def test_a_changed_model_under_the_same_name_starts_fresh_instead_of_crashing(tmp_path: Path) -> None:
     env = trainer_env(_config(tmp_path, epochs=2), KUBETRAIN_JOB_NAME="local")
     assert kubetrain("train", env=env).returncode == 0
