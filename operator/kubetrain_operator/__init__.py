@@ -14,6 +14,8 @@ in a circle (`tests/operator/test_operator_layers.py` holds the code to this):
 - `local/`: the same TrainingJob without a cluster: manifests read from files, and `kubetrain run
   --local` running the workers as processes (a fixed group or an elastic one). Beside `runtime/`: neither
   imports the other.
+- `remote/`: a job on a cluster seen from a user's machine: `kubetrain artifacts` copying a job's output
+  directory off its claim through a short-lived pod. Over `runtime/`, whose REST client it uses.
 - `cli` on top: the `kubetrain` command.
 
 The operator imports only the torch-free parts of the trainer package (its config, contract, exit codes

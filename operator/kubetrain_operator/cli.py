@@ -9,6 +9,7 @@
     kubetrain validate -f MANIFEST.yaml [-f ...]
     kubetrain train|evaluate|predict ...   (the trainer, see kubetrain_trainer.cli)
     kubetrain run -f TRAININGJOB.yaml --local [--mount NAME=DIR ...] [--workdir DIR]
+    kubetrain artifacts tj/NAME [-n NS] --to DIR [--checkpoints] [--unfinished] [--image IMG]
 
 The trainer subcommands are delegated before argparse sees them, with argv starting at the subcommand
 word, and import the trainer lazily so the operator never imports torch.
@@ -194,7 +195,50 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("runs"),
         help="where volumes without --mount live (default: runs)",
     )
+    _add_artifacts_parser(sub)
     return parser
+
+
+def _add_artifacts_parser(sub: argparse._SubParsersAction) -> None:
+    artifacts = sub.add_parser(
+        "artifacts",
+        help="copy a finished job's output directory (model.pt, metrics.json, plots) to this machine",
+        description="Copy <spec.trainer.output_dir>/<job>/ off the persistentVolumeClaim that spec.storage "
+        "mounts there into DIR, through a short-lived pod mounting the claim read-only (restricted Pod "
+        "Security) and a tar streamed out by the API's exec: the kubeconfig is all it needs, not kubectl. "
+        "The pod is deleted whatever happens (also on Ctrl-C). checkpoints/ is left out unless "
+        "--checkpoints. Entries of DIR with the names copied are replaced. Exit 0 copied, 1 failed, 2 "
+        "refused (job not finished, command job, output on no claim).",
+    )
+    artifacts.add_argument("job", metavar="tj/NAME", help="the TrainingJob (tj/NAME or NAME)")
+    artifacts.add_argument(
+        "-n", "--namespace", help="its namespace (default: the kubeconfig context's namespace)"
+    )
+    artifacts.add_argument("--to", type=Path, required=True, metavar="DIR", help="where to put the files")
+    artifacts.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="copy checkpoints/ as well (left out by default: one checkpoint per epoch kept, each as "
+        "large as the model and its optimizer state)",
+    )
+    artifacts.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="copy from a job that is not Succeeded or Failed yet: what it has written so far (whole "
+        "files only; model.pt comes at the end)",
+    )
+    artifacts.add_argument(
+        "--image",
+        help="the helper pod's image, which needs python3 (default: the job's spec.image, else "
+        "the trainer image)",
+    )
+    artifacts.add_argument(
+        "--start-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long the helper pod may take to start, image pull included (default: %(default)s)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +280,18 @@ def main(argv: list[str] | None = None) -> int:
         from kubetrain_operator.local import command
 
         return command.main(args.filename, args.mount, args.workdir)
+    if args.command == "artifacts":
+        from kubetrain_operator.remote import copying
+
+        return copying.copy(
+            args.job,
+            args.to,
+            namespace=args.namespace,
+            checkpoints=args.checkpoints,
+            unfinished=args.unfinished,
+            image=args.image,
+            start_timeout=args.start_timeout,
+        )
     return 2
 
 

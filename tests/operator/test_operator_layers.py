@@ -3,8 +3,9 @@
 A statement of layers in a docstring goes stale the day someone imports `kube` from the planner; this test
 reads every module's imports (without importing it) and fails naming the module and the import that
 breaks the order. The rule: a module imports only the modules listed before it in its own folder, and
-the folders below its own (`api` under `planning`; `runtime` and `local` side by side over both; `cli` on
-top). A module never imports its own folder's face (`__init__.py`), so no import can go round in a circle.
+the folders below its own (`api` under `planning`; `runtime` and `local` side by side over both; `remote`
+over `runtime`; `cli` on top). A module never imports its own folder's face (`__init__.py`), so no import
+can go round in a circle.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
         "main",
     ),
     "local": ("manifests", "processes", "group_run", "elastic_run", "command"),
+    "remote": ("outputs", "copying"),
 }
 # The folders each folder stands on: runtime and local never import each other.
 BELOW: dict[str, set[str]] = {
@@ -75,6 +77,7 @@ BELOW: dict[str, set[str]] = {
     "planning": {"api"},
     "runtime": {"api", "planning"},
     "local": {"api", "planning"},
+    "remote": {"api", "planning", "runtime"},
 }
 TOP = ("cli",)
 """Modules at the package's top, over every folder."""
