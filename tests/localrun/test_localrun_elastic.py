@@ -244,7 +244,9 @@ def test_a_killed_rendezvous_store_restarts_the_whole_group_once_and_it_resumes_
     assert store is not None, log.text()[-4000:]
     os.kill(int(store.group(1)), signal.SIGKILL)
     at = log.wait_for(
-        r"the rendezvous store process exited with code -9; restarting the whole group \(restart 1 of 2\)", at
+        r"the rendezvous store process exited with code -9; restarting the whole group with a new rendezvous "
+        r"store \(restart 1 of 2\)",
+        at,
     )
     at = log.wait_for(r"rendezvous store on 127\.0\.0\.1:\d+ \(pid \d+\)", at)
     log.wait_for(r"resumed from checkpoint \S+ in restart attempt 1: epoch [12] of 3", at)
