@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import ssl
 import subprocess
@@ -814,13 +815,38 @@ def hostpath_volume(namespace: str, claim: str, directory: Path) -> dict[str, An
     }
 
 
+QUICKSTART_NOT_RUN = (
+    "kubectl exec ",  # the tar into the loader pod: kwok runs no containers
+    "kubectl get trainingjobs -w",  # the rest only show what happens, and -w never returns
+    "kubectl describe ",
+    "kubectl logs ",
+)
+
+
+def readme_quickstart() -> list[str]:
+    """The commands of the README's "Quickstart on a cluster" block, in order, without their comments."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("\n## Quickstart on a cluster\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    commands = (line.split("#", 1)[0].strip() for line in block.splitlines())
+    return [command for command in commands if command]
+
+
 def test_the_readme_quickstart_runs_as_written(
     chart: Chart, namespace: str, other_namespace: str, release: str
 ) -> None:
-    """README "Quickstart on a cluster", step by step, in a namespace of the user's: the example job
-    first without its volumes (the pending message names the missing claim once), then with
-    examples/quickstart-storage.yaml applied as written, the loader pod ready, and the job run to
-    Succeeded (kwok runs the containers, so the `kubectl exec ... tar` step has nothing to run in)."""
+    """README "Quickstart on a cluster", its commands read from the README and run in order in a namespace
+    of the user's (after the example job is first applied without its volumes, where the pending message
+    must name the missing claim once): the chart installed with its default values, every kubectl step but
+    those in QUICKSTART_NOT_RUN run as written, down to `kubectl wait --for=condition=Succeeded`."""
+    install, *steps = readme_quickstart()
+    assert install.startswith("helm install kubetrain charts/kubetrain "), install
+    assert "--set" not in install and " -f " not in install, (
+        f"the test installs the default values: {install}"
+    )
+    run = [step for step in steps if not step.startswith(QUICKSTART_NOT_RUN)]
+    assert len(steps) - len(run) == len(QUICKSTART_NOT_RUN), steps
+    assert run[-1].startswith("kubectl wait --for=condition=Succeeded tj/cifar10-cpu "), run
     cluster = chart.cluster
     chart.install(release, namespace, {})
     pod_id = f"{fullname(release)}-0000000000-local"
@@ -844,16 +870,15 @@ def test_the_readme_quickstart_runs_as_written(
         )
         cluster.kubectl("delete", "-n", other_namespace, "-f", example, "--wait=true")
 
+        # The claims' volumes, which a default StorageClass would provision.
         cluster.apply([hostpath_volume(other_namespace, claim, chart.directory)
                        for claim in ("cifar10-data", "kubetrain-output")])  # fmt: skip
-        cluster.kubectl(
-            "apply", "-n", other_namespace, "-f", str(REPO_ROOT / "examples" / "quickstart-storage.yaml")
-        )
-        cluster.kubectl("wait", "-n", other_namespace, "--for=condition=Ready", "pod/cifar10-data-loader",
-                        "--timeout=120s")  # fmt: skip
-        cluster.kubectl("delete", "-n", other_namespace, "pod", "cifar10-data-loader")
-        cluster.kubectl("apply", "-n", other_namespace, "-f", example)
-        final = finished_phase(cluster, other_namespace, "cifar10-cpu")
+        for step in run:
+            kubectl, *args = shlex.split(step)
+            assert kubectl == "kubectl", step
+            args = [str(REPO_ROOT / arg) if arg.startswith("examples/") else arg for arg in args]
+            cluster.kubectl("-n", other_namespace, *args)
+        final = get_json(cluster, "trainingjob", "cifar10-cpu", "-n", other_namespace)["status"]["phase"]
     except AssertionError:
         print(operator_log(chart, pod_id)[-6000:])
         raise
