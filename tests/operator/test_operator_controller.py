@@ -183,6 +183,18 @@ class FakeKube:
         self._watch(obj)
         return copy.deepcopy(obj)
 
+    def apply_status(
+        self, kind: str, namespace: str, name: str, api_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Server-side apply of status conditions: entries merged by type, the others kept."""
+        self.calls.append(f"apply {kind} status")
+        obj = self.objects[(kind, namespace, name)]
+        conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or ()}
+        conditions.update({c["type"]: c for c in status.get("conditions") or ()})
+        obj["status"] = {**(obj.get("status") or {}), "conditions": list(conditions.values())}
+        self._bump(obj)
+        return copy.deepcopy(obj)
+
     def patch(
         self,
         kind: str,
@@ -1102,4 +1114,4 @@ def test_kueue_costs_a_job_admitted_at_once_three_requests_its_workload_pods_rea
     extra = list(queued)
     for call in plain:
         extra.remove(call)
-    assert sorted(extra) == ["create Workload demo", "patch Workload status", "patch Workload status"]
+    assert sorted(extra) == ["apply Workload status", "apply Workload status", "create Workload demo"]

@@ -161,8 +161,9 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         workload is not None
         and out.workload_status is None
         and out.status.get("phase") not in api.TERMINAL_PHASES
+        and (ready := queueing.pods_ready(workload, p.workers, now)) is not None
     ):
-        out.workload_status = queueing.pods_ready(workload, p.workers, now)
+        out.workload_conditions = [ready]
     return out
 
 
@@ -179,9 +180,8 @@ def _finished(p: steps.Pass, phase: str) -> plans.Plan:
     if obs.workload is not None and not queueing.read_admission(obs.workload).finished:
         # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
         # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
-        out.workload_status = queueing.finished(
-            obs.workload, phase == "Succeeded", p.status.get("message") or str(phase), p.now
-        )
+        message = p.status.get("message") or str(phase)
+        out.workload_conditions = [queueing.finished(obs.workload, phase == "Succeeded", message, p.now)]
     ttl = spec.run_policy.ttl_seconds_after_finished
     finished = observe.parse_time(p.status.get("completionTime"))
     if ttl is not None and finished is not None:

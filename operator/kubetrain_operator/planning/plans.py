@@ -146,8 +146,12 @@ class Plan:
     workload_spec: dict[str, Any] | None = None
     """A merge patch of the Workload's spec (spec.active follows spec.runPolicy.suspend)."""
     workload_status: dict[str, Any] | None = None
-    """The Workload's new status (released after eviction, or Finished); the shell writes it guarded by
-    the Workload's resourceVersion, after the TrainingJob's status."""
+    """The Workload's status after an eviction (its quota reservation released, as Kueue's job reconciler
+    writes it); the shell merge-patches it guarded by the Workload's resourceVersion, after the
+    TrainingJob's status."""
+    workload_conditions: list[dict[str, Any]] | None = None
+    """The Workload conditions the operator owns (PodsReady, Finished), applied server-side under its own
+    field manager: Kueue's conditions, in the same list (a map keyed by type), stay Kueue's."""
     confirm_owner: bool = False
     """The creations are not this TrainingJob's first: its status says children were created before (a
     restart's or a resume's new attempt, or children that disappeared). The shell confirms with the API

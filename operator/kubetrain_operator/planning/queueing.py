@@ -29,7 +29,10 @@ does for a JobSet:
 - once the Workload exists it governs the job to its end: a queue-name label removed or changed later
   is not followed, so no edit of the TrainingJob runs it outside the quota it is queued for;
 - spec.runPolicy.suspend true deactivates the Workload (spec.active false), so a held job holds no quota;
-- a finished TrainingJob marks its Workload Finished, which releases the quota.
+- a finished TrainingJob marks its Workload Finished, which releases the quota;
+- the conditions the operator owns (PodsReady, Finished) are applied server-side under its field manager,
+  leaving Kueue's own conditions to Kueue; the release after an eviction rewrites the reservation as
+  Kueue's job reconciler does, guarded by the Workload's resourceVersion.
 
 Kueue's own side of the bargain (read in pkg/controller/jobframework/reconciler.go): a worker Job owned
 by a TrainingJob that carries a queue-name label has a Kueue-managed ancestor, so Kueue never gives it a
@@ -295,18 +298,26 @@ def released(workload: Mapping[str, Any], admission: Admission, now: datetime) -
 
 
 def finished(workload: Mapping[str, Any], succeeded: bool, message: str, now: datetime) -> dict[str, Any]:
-    """The Workload status of a finished TrainingJob: Finished True, so Kueue releases the quota."""
+    """The Workload condition of a finished TrainingJob: Finished True, so Kueue releases the quota."""
+    reason = "Succeeded" if succeeded else "Failed"
+    return _owned_condition(workload, "Finished", True, reason=reason, message=message, now=now)
+
+
+def _owned_condition(
+    workload: Mapping[str, Any], type_: str, true: bool, *, reason: str, message: str, now: datetime
+) -> dict[str, Any]:
+    """One condition the operator applies, dated as set_condition dates a change."""
     status: dict[str, Any] = {"conditions": _conditions(workload)}
-    st.set_condition(status, "Finished", True, "Succeeded" if succeeded else "Failed", message, now)
-    return status
+    st.set_condition(status, type_, true, reason, message, now)
+    return next(c for c in status["conditions"] if c["type"] == type_)
 
 
 def pods_ready(
     workload: Mapping[str, Any], workers: Sequence[observe.Worker], now: datetime
 ) -> dict[str, Any] | None:
-    """The admitted Workload's status with its PodsReady condition kept from the workers, or None when it
-    already says so. Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady is not True
-    within its timeout, and for a kind it has no built-in integration for it leaves that condition to the
+    """The admitted Workload's PodsReady condition kept from the workers, or None when it already says
+    so. Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady is not True within its
+    timeout, and for a kind it has no built-in integration for it leaves that condition to the
     kind's controller: without it every TrainingJob would be evicted, requeued and evicted again. The
     reasons are Kueue's (Started or Recovered when every worker is ready or done; WaitForStart before the
     first time, WaitForRecovery after a worker was lost), since Kueue's recovery timeout reads them."""
@@ -325,13 +336,12 @@ def pods_ready(
         message = f"{waiting} of {len(workers)} workers are not ready"
     if before is not None and before.get("status") == str(ready) and earlier == reason:
         return None
-    status: dict[str, Any] = {"conditions": _conditions(workload)}
-    st.set_condition(status, PODS_READY, ready, reason, message, now)
-    return status
+    return _owned_condition(workload, PODS_READY, ready, reason=reason, message=message, now=now)
 
 
 def _conditions(workload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The Workload's conditions, copied: its status is written whole (a merge patch replaces lists)."""
+    """The Workload's conditions, copied: a released status is written whole (a merge patch replaces
+    lists)."""
     return [dict(c) for c in (workload.get("status") or {}).get("conditions") or ()]
 
 

@@ -379,10 +379,12 @@ class Controller:
 
     def _write_workload(self, observed: plans.Observed, plan: plans.Plan) -> bool:
         """Apply the plan's changes to the Kueue Workload: spec.active, then its status, guarded by the
-        resourceVersion observed (Kueue writes it too: a stale read is planned again from the news).
-        False when the Workload changed meanwhile."""
+        resourceVersion observed (Kueue writes it too: a stale read is planned again from the news), or
+        the conditions the operator owns, applied server-side. False when the Workload changed meanwhile."""
         workload = observed.workload
-        if workload is None or (plan.workload_spec is None and plan.workload_status is None):
+        if workload is None or (
+            plan.workload_spec is None and plan.workload_status is None and not plan.workload_conditions
+        ):
             return True
         meta = workload["metadata"]
         try:
@@ -405,6 +407,15 @@ class Controller:
                     resource_version=workload["metadata"].get("resourceVersion"),
                 )
                 self.cache.observe(written)
+            if plan.workload_conditions:
+                applied = self.kube.apply_status(
+                    "Workload",
+                    meta["namespace"],
+                    meta["name"],
+                    constants.KUEUE_API,
+                    {"conditions": plan.workload_conditions},
+                )
+                self.cache.observe(applied)
         except kube.ApiError as exc:
             if not (exc.conflict or exc.not_found):
                 raise

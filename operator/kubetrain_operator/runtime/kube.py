@@ -327,6 +327,27 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def apply_status(
+        self, kind: str, namespace: str, name: str, api_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Server-side apply `status` to an object's status subresource under the operator's field
+        manager: the fields named are the operator's from then on (forced: a field another manager set
+        before is taken over), and a list of the object's schema keyed by a field (conditions by type)
+        keeps the entries other managers own."""
+        body = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": status,
+        }
+        return self.request(
+            "PATCH",
+            path(kind, namespace, name, "status", api_version=api_version),
+            query=[("fieldManager", constants.FIELD_MANAGER), ("force", "true")],
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None
     ) -> dict[str, Any]:
