@@ -19,7 +19,7 @@ from testcluster import binaries, workload
 from testcluster.cluster import Cluster
 from testcluster.waiting import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow, pytest.mark.trains]
 
 NAMESPACE = workload.NAMESPACE
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
