@@ -237,8 +237,16 @@ def test_an_elastic_job_is_admitted_at_the_size_it_was_scaled_to_in_the_queue_an
     )
     jobs.cluster.kubectl("-n", jobs.namespace, "delete", "tj", "blocker")
     jobs.wait_phase("stretchy", "Running", timeout=120)
-    [assignment] = jobs.workload("stretchy")["status"]["admission"]["podSetAssignments"]
-    assert assignment["count"] == 3
+    assignments = {
+        a["name"]: a for a in jobs.workload("stretchy")["status"]["admission"]["podSetAssignments"]
+    }
+    assert (assignments["workers"]["count"], assignments["rendezvous"]["count"]) == (3, 1)
+    # The store runs inside the admission too: on its assigned flavor's nodes, labelled with its pod set.
+    store = jobs.get("jobs", "stretchy-rdzv")["spec"]["template"]["spec"]
+    assert FLAVOR_LABELS.items() <= store["nodeSelector"].items(), store
+    assert FLAVOR_TOLERATION in store["tolerations"], store
+    store_labels = jobs.get("jobs", "stretchy-rdzv")["spec"]["template"]["metadata"]["labels"]
+    assert store_labels["kueue.x-k8s.io/podset"] == "rendezvous", store_labels
 
     def workers() -> set[str]:
         return {
@@ -269,7 +277,9 @@ def test_a_queued_jobs_node_selector_edit_reaches_its_workload_and_kueue_admits_
     """Queued asking for nodes no flavor has, then edited to the flavor's nodes: before, the Workload kept
     the pod sets it was created with and Kueue never admitted the job (or, the other way round, admitted
     a node selector the workers no longer asked for)."""
-    picky = _queued("picky")
+    picky = _queued("picky", workers=1)
+    # A tenth of a CPU: it fits beside what earlier tests' jobs still hold while their namespaces go.
+    picky["spec"]["resources"] = {"requests": {"cpu": "100m"}}
     picky["spec"]["nodeSelector"] = {"kubetrain.io/test-pool": "elsewhere"}
     jobs.apply(picky)
     jobs.wait(
