@@ -50,7 +50,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 SCALING_EPOCHS = 8
-"""The scaling test's epochs (see there)."""
+"""The epochs of the tests whose group changes mid-run (see the scaling test)."""
 
 
 def manifest(
@@ -140,7 +140,9 @@ def metrics(tmp_path: Path, name: str) -> dict[str, Any]:
 def test_a_killed_worker_is_replaced_alone_and_the_survivors_train_on(
     lost: int, images: Path, tmp_path: Path
 ) -> None:
-    job = api.TrainingJob.model_validate(manifest("lost", 3))
+    # As many epochs as the scaling test: under the full suite's load the two survivors once trained to
+    # the end of 3 epochs before the replacement could join them.
+    job = api.TrainingJob.model_validate(manifest("lost", 3, epochs=SCALING_EPOCHS))
     directories = processes.mount_directories(job.spec, {"data": images}, tmp_path)
     log = Log()
     started: list[elastic_run.Member] = []
@@ -152,12 +154,12 @@ def test_a_killed_worker_is_replaced_alone_and_the_survivors_train_on(
     )
     result = next(run)
     at = log.wait_for(r"rank 0 of 3")
-    at = log.wait_for(r"epoch 2/3 step 3/", at)  # mid-epoch
+    at = log.wait_for(rf"epoch 2/{SCALING_EPOCHS} step 3/", at)  # mid-epoch
     nodes[0] = 2
     victim = next(m for m in started if m.index == lost)
     victim.signal(signal.SIGKILL)
     at = log.wait_for(r"joined process group: rank 0 of 2", at)
-    at = log.wait_for(r"epoch \d/3 step \d+/", at)  # the survivors train on alone
+    at = log.wait_for(rf"epoch \d+/{SCALING_EPOCHS} step \d+/", at)  # the survivors train on alone
     nodes[0] = 3
     log.wait_for(r"joined process group: rank 0 of 3", at)
     outcome = result()
