@@ -140,3 +140,21 @@ def test_under_no_kueue_kueue_is_never_asked_for() -> None:
     assert not late.missing()
     late.check()
     assert cluster.asked == []
+
+
+def test_kueue_found_is_handed_over_once_even_before_its_informers_have_listed() -> None:
+    """The shell sets Defaults.kueue only once Kueue's informers have listed; a round in between must not
+    find Kueue again and start a second set of informers."""
+    cluster = _Cluster()
+    cluster.apis[constants.KUEUE_API] = frozenset({"workloads"})
+    found: list[discovery.Found] = []
+    late = discovery.LateAPIs(
+        cluster,  # type: ignore[arg-type]
+        lambda: plans.Defaults(gang_provider="volcano"),  # kueue stays False: the informers are still listing
+        found.append,
+        kueue_wanted=True,
+    )
+    late.check()
+    late.check()
+    assert found == [discovery.Found(kueue=True)]
+    assert not late.missing()

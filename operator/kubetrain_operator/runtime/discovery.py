@@ -104,6 +104,10 @@ class LateAPIs:
             logger.info(
                 "gang scheduling without a provider uses: %s (installed since start)", found.gang_provider
             )
+        if found.kueue:
+            # Taken in once: the shell sets Defaults.kueue only when Kueue's informers have listed, and a
+            # round before that must not start them again.
+            self.kueue_wanted = False
         if found.kueue or found.gang_provider is not None:
             self.on_found(found)
         return found
