@@ -76,6 +76,12 @@ def _create_missing(
     """Plan the creation of the current attempt's missing objects; a plan that waits instead when a
     namesake this TrainingJob does not control holds one of their names."""
     out, spec, obs, status = p.out, p.spec, p.obs, p.status
+    if missing and (
+        lingering := steps.wait_for_lingering_pods(
+            out, obs.lingering_pods, members=p.workers, size=spec.workers, now=p.now
+        )
+    ):
+        return lingering
     # The gang's objects go with what they belong to, so no request is spent checking on them: the
     # TrainingJob's (the Workload; a volcano or scheduler-plugins PodGroup) with the Service, an attempt's
     # PodGroup with that attempt's first Jobs. The shell creates them before the Service and Jobs, so no
@@ -87,13 +93,6 @@ def _create_missing(
     per_attempt = ctx.gang_provider in gang.PER_ATTEMPT_GROUPS
     if group is not None and (len(missing) == spec.workers if per_attempt else obs.service is None):
         out.create.append(group)
-    if missing and (
-        lingering := steps.wait_for_lingering_pods(
-            out, obs.lingering_pods, members=p.workers, size=spec.workers, now=p.now
-        )
-    ):
-        out.create = []
-        return lingering
     out.create += [builders.build_worker_job(ctx, w.index) for w in missing]
     taken = set(obs.taken)
     blocked = [
