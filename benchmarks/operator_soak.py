@@ -14,6 +14,9 @@ every 30 s) watches one namespace for --minutes while TrainingJobs of 2 to 4 wor
   (their pods run twice as long, so that the suspension finds them running; one that finishes
   first all the same is reported as suspended too late, not as wrong);
 - 20 % are deleted (background propagation, as kubectl does) at a random moment while Running;
+- 10 % have one worker pod evicted through the Eviction API (as `kubectl drain` does) at a random moment
+  while Running: Succeeded, 0 restarts counted, attempt 1, 1 disruption restart (their pods run twice
+  as long, so that the eviction finds them running);
 - the rest succeed: Succeeded, 0 restarts, attempt 0;
 - half of all carry ttlSecondsAfterFinished (5-60 s), and the operator must delete them; the others are
   deleted by this script 5 s after their terminal phase (so the number alive stays flat).
@@ -51,6 +54,7 @@ import random
 import sys
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -78,14 +82,25 @@ from testcluster.operator_process import CreationCounter, install_crd
 
 NAMESPACE = "soak"
 TERMINAL = ("Succeeded", "Failed")
-KINDS = (("retry", 0.10), ("permanent", 0.05), ("suspend", 0.10), ("delete", 0.20), ("normal", 0.55))
+KINDS = (
+    ("retry", 0.10),
+    ("permanent", 0.05),
+    ("suspend", 0.10),
+    ("delete", 0.20),
+    ("evict", 0.10),
+    ("normal", 0.45),
+)
 EXPECTED = {
-    "normal": ("Succeeded", 0, 0),
-    "retry": ("Succeeded", 1, 1),
-    "permanent": ("Failed", 0, 0),
-    "suspend": ("Succeeded", 0, 1),
+    "normal": ("Succeeded", 0, 0, 0),
+    "retry": ("Succeeded", 1, 1, 0),
+    "permanent": ("Failed", 0, 0, 0),
+    "suspend": ("Succeeded", 0, 1, 0),
+    "evict": ("Succeeded", 0, 1, 1),
 }
-"""Kind -> (terminal phase, status.restarts, status.restartAttempt) it must end with."""
+"""Kind -> (terminal phase, status.restarts, status.restartAttempt, status.disruptionRestarts) it must
+end with."""
+TWICE = ("suspend", "evict")
+"""Kinds whose pods run twice as long, so that their suspension or eviction finds them running."""
 KEEP_SECONDS = 5.0
 TTL_GRACE_SECONDS = 120.0
 
@@ -108,15 +123,18 @@ class Job:
     resumed: bool = False
     delete_at: float | None = None
     deleted_by_us: bool = False
-    final: tuple[str, int, int] | None = None
-    """(phase, restarts, restartAttempt) when first seen terminal."""
+    evict_at: float | None = None
+    evicted: str | None = None
+    """The worker pod this script evicted."""
+    final: tuple[str, int, int, int] | None = None
+    """(phase, restarts, restartAttempt, disruptionRestarts) when first seen terminal."""
     terminal_at: float | None = None
     gone: bool = False
     stuck: bool = False
 
     def runs(self) -> int:
-        """How many times its pods run: a restart and a resume start them again."""
-        return 2 if self.kind in ("retry", "suspend") else 1
+        """How many times its pods run: a restart, a resume and an eviction start them again."""
+        return 2 if self.kind in ("retry", *TWICE) else 1
 
 
 def manifest(job: Job) -> dict[str, Any]:
@@ -132,13 +150,14 @@ def manifest(job: Job) -> dict[str, Any]:
 
 
 class TrainingJobWatch:
-    """The latest (phase, restarts, restartAttempt) of every TrainingJob in the namespace, and which are
+    """The latest (phase, restarts, restartAttempt, disruptionRestarts) of every TrainingJob in the
+    namespace, and which are
     gone; a thread on a raw watch stream, listing again on 410 Gone."""
 
     def __init__(self, client: Api, ns: str) -> None:
         self.client = client
         self.path = f"{TJ_PATH}/namespaces/{ns}/{constants.PLURAL}"
-        self.state: dict[str, tuple[str | None, int, int]] = {}
+        self.state: dict[str, tuple[str | None, int, int, int]] = {}
         self.gone: set[str] = set()
         self.relists = 0
         self.lock = threading.Lock()
@@ -161,6 +180,7 @@ class TrainingJobWatch:
             status.get("phase"),
             int(status.get("restarts") or 0),
             int(status.get("restartAttempt") or 0),
+            int(status.get("disruptionRestarts") or 0),
         )
 
     def _run(self) -> None:
@@ -202,7 +222,7 @@ class TrainingJobWatch:
             else:
                 self._note(obj)
 
-    def get(self, name: str) -> tuple[tuple[str | None, int, int] | None, bool]:
+    def get(self, name: str) -> tuple[tuple[str | None, int, int, int] | None, bool]:
         with self.lock:
             return self.state.get(name), name in self.gone
 
@@ -239,7 +259,7 @@ class Churn:
             name=f"soak-{index:06d}",
             kind=kind,
             workers=self.rng.randint(2, 4),
-            run_for=self.rng.randint(self.run_min, self.run_max) * (2 if kind == "suspend" else 1),
+            run_for=self.rng.randint(self.run_min, self.run_max) * (2 if kind in TWICE else 1),
             ttl=self.rng.randint(5, 60) if self.rng.random() < 0.5 else None,
             submitted=now,
         )
@@ -254,14 +274,14 @@ class Churn:
 
     def _step(self, job: Job, now: float) -> None:
         state, gone = self.watch.get(job.name)
-        phase, restarts, attempt = state or (None, 0, 0)
+        phase, restarts, attempt, disruptions = state or (None, 0, 0, 0)
         if gone:
             job.gone = True
             return
         if job.deleted_by_us:
             return
         if phase in TERMINAL and job.final is None:
-            job.final, job.terminal_at = (phase, restarts, attempt), now
+            job.final, job.terminal_at = (phase, restarts, attempt, disruptions), now
         if job.final is not None:
             if job.ttl is None and now - (job.terminal_at or now) >= KEEP_SECONDS:
                 self.delete(job)
@@ -275,6 +295,11 @@ class Churn:
                 job.delete_at = now + self.rng.uniform(0, job.run_for / 2)
             elif now >= job.delete_at:
                 self.delete(job)
+        elif job.kind == "evict" and phase == "Running" and job.evicted is None:
+            if job.evict_at is None:
+                job.evict_at = now + self.rng.uniform(0, job.run_for / 2)
+            elif now >= job.evict_at:
+                job.evicted = self._evict_one_worker(job)
         elif job.kind == "suspend":
             if phase == "Running" and job.suspended_at is None:
                 self._suspend(job, True)
@@ -290,6 +315,31 @@ class Churn:
         path = f"{plural_path('TrainingJob', NAMESPACE)}/{job.name}"
         self.client.request("DELETE", path, {"propagationPolicy": "Background"}, ok=(200, 202, 404))
         job.deleted_by_us = True
+
+    def _evict_one_worker(self, job: Job) -> str | None:
+        """Evict one running worker pod of the job's first attempt the way `kubectl drain` does: a POST
+        to the pod's eviction subresource, which the API server answers by marking the pod with
+        DisruptionTarget and deleting it; None while no such pod is running yet."""
+        selector = f"{constants.LABEL_JOB_NAME}={job.name},{constants.LABEL_RESTART_ATTEMPT}=0"
+        query = urllib.parse.urlencode({"labelSelector": selector})
+        pods = self.client.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?{query}")
+        running = sorted(
+            pod["metadata"]["name"]
+            for pod in pods.get("items") or ()
+            if (pod.get("status") or {}).get("phase") == "Running"
+            and not pod["metadata"].get("deletionTimestamp")
+        )
+        if not running:
+            return None
+        victim = self.rng.choice(running)
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": victim, "namespace": NAMESPACE},
+        }
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{victim}/eviction"
+        self.client.request("POST", path, eviction, ok=(200, 201))
+        return victim
 
     def _suspend(self, job: Job, value: bool) -> None:
         path = f"{self.client.server}{plural_path('TrainingJob', NAMESPACE)}/{job.name}"
@@ -375,6 +425,8 @@ def summarise(
         expected = EXPECTED.get(job.kind)
         if job.kind == "suspend" and not job.suspended_seen and job.final == EXPECTED["normal"]:
             too_late.append(job.name)  # it finished before its suspension arrived: a normal job
+        elif job.kind == "evict" and job.evicted is None and job.final == EXPECTED["normal"]:
+            too_late.append(job.name)  # it finished before its eviction was due: a normal job
         elif expected is not None and job.final is not None and job.final != expected:
             wrong.append({"name": job.name, "kind": job.kind, "expected": expected, "actual": job.final})
     unfinished = [
@@ -388,7 +440,8 @@ def summarise(
         "with_ttl": sum(1 for job in churn.jobs.values() if job.ttl is not None),
         "terminal_checked": sum(1 for job in churn.jobs.values() if job.final is not None),
         "wrong_phase_or_restarts": wrong,
-        "suspended_too_late": too_late,
+        "suspended_or_evicted_too_late": too_late,
+        "evicted": sum(1 for job in churn.jobs.values() if job.evicted is not None),
         "never_terminal": unfinished,
         "stuck": sorted(job.name for job in churn.jobs.values() if job.stuck),
     } | memory_figures(samples, state, started, args.warmup_minutes * 60, args.minutes * 60)
@@ -599,7 +652,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"Run: {results['args'].get('minutes')} min of churn at {results['args'].get('rate')} TrainingJobs/s "
         f"(finished: {results.get('finished', False)}, {results.get('elapsed_minutes')} min elapsed); "
-        f"{s.get('jobs_created')} created {s.get('kinds')}, {s.get('with_ttl')} with a TTL; alive at once "
+        f"{s.get('jobs_created')} created {s.get('kinds')}, {s.get('with_ttl')} with a TTL, "
+        f"{s.get('evicted')} pods evicted; alive at once "
         f"up to {s.get('alive_max')} ({s.get('alive_after_warmup_min_max')} after the warm-up).",
         "",
         "| target | measured | met |",
@@ -608,11 +662,12 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{results.get('children_created')} children | {_yes(not results.get('duplicate_creations'))} |",
         f"| 0 orphans | {sum(map(len, orphans.values()))} "
         f"{'(' + str(orphans) + ')' if orphans else ''} | {_yes('orphans' in results and not orphans)} |",
-        f"| 0 wrong phases / restarts | {len(s.get('wrong_phase_or_restarts', []))} of "
+        f"| 0 wrong phases / restarts (an eviction: 1 disruption restart, 0 restarts counted) | "
+        f"{len(s.get('wrong_phase_or_restarts', []))} of "
         f"{s.get('terminal_checked')} checked | {_yes(not s.get('wrong_phase_or_restarts'))} |",
         f"| 0 stuck | {len(s.get('stuck', []))} stuck, {len(s.get('never_terminal', []))} not terminal"
         f"{'' if results.get('finished') else ' yet'}, "
-        f"{len(s.get('suspended_too_late', []))} suspended too late "
+        f"{len(s.get('suspended_or_evicted_too_late', []))} suspended or evicted too late "
         f"| {_yes(not s.get('stuck') and not s.get('never_terminal'))} |",
         f"| RSS slope < 5 MB/h after {results['args'].get('warmup_minutes')} min | {fmt(slope, 2)} MB/h "
         f"({fmt(leak, 2)} MB/h at a constant number of live TrainingJobs, "

@@ -155,6 +155,49 @@ def test_one_failed_worker_restarts_the_whole_group_exactly_once(
     assert "Restart" in events, events
 
 
+def test_a_worker_evicted_through_the_eviction_api_restarts_the_group_without_spending_a_restart(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """`kubectl drain` evicts through the Eviction API: the API server marks the pod DisruptionTarget and
+    deletes it, kwok stops it as a kubelet would (exit 143, Failed). With maxRestarts 0 a counted restart
+    would fail the job; a disruption restarts the group from attempt 1 and the job still succeeds."""
+    manifest = trainingjob("evicted", workers=2, annotations={"sim.kubetrain.io/run-for": "25s"})
+    manifest["spec"]["runPolicy"] = {"maxRestarts": 0}
+    _apply(cluster, namespace, manifest)
+
+    def running_worker() -> str | None:
+        pods = _get(
+            cluster, namespace, "pods", "-l", "kubetrain.io/job-name=evicted,kubetrain.io/restart-attempt=0"
+        )
+        names = [p["metadata"]["name"] for p in pods["items"] if p["status"].get("phase") == "Running"]
+        return names[0] if len(names) == 2 else None
+
+    victim = _wait_for(running_worker, 60, "both first-attempt workers Running", operator)
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": namespace},
+    }
+    cluster.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction",
+        "-f",
+        "-",
+        input_text=json.dumps(eviction),
+    )
+    _wait_for(
+        _phase_is(cluster, namespace, "evicted", "Succeeded"), 150, "Succeeded after the eviction", operator
+    )
+    status = _status(cluster, namespace, "evicted")
+    assert (status["restarts"], status["restartAttempt"], status["disruptionRestarts"]) == (0, 1, 1), status
+    events = cluster.kubectl(
+        "-n", namespace, "get", "events", "--field-selector", "involvedObject.name=evicted"
+    )
+    assert f"{victim}) on node" in events and "was evicted through the Eviction API" in events, events
+    assert "not counted against maxRestarts" in events, events
+
+
 def test_failures_beyond_max_restarts_fail_naming_worker_and_exit_code(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
