@@ -174,7 +174,11 @@ def run_train(args: argparse.Namespace) -> int:
         attempt = int(os.environ.get(contract.RESTART_ATTEMPT) or 0)
         trainer = build_trainer(config, world, job_name, os.environ.get(contract.JOB_UID, ""), attempt)
         result = trainer.train()
-        log.info("done: validation accuracy %.4f, artifacts in %s", result.report.accuracy, result.job_dir)
+        accuracy = result.report.accuracy
+        if len(trainer.data.validation):
+            log.info("done: validation accuracy %.4f, artifacts in %s", accuracy, result.job_dir)
+        else:
+            log.info("done (no validation split), artifacts in %s", result.job_dir)
         return 0
     finally:
         distributed.destroy_process_group()

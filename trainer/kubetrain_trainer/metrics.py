@@ -63,9 +63,10 @@ class ClassReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form for metrics.json."""
+        """JSON-ready form for metrics.json; `accuracy` is null when nothing was evaluated (no validation
+        split), since 0 would claim a measured model that gets every image wrong."""
         return {
-            "accuracy": round(self.accuracy, 6),
+            "accuracy": round(self.accuracy, 6) if int(self.matrix.sum()) else None,
             "classes": self.classes,
             "per_class": self.rows(),
             "confusion_matrix": self.matrix.tolist(),

@@ -26,16 +26,20 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def loss_curve(path: Path, history: list[dict[str, Any]]) -> None:
-    """Train and validation loss (left) and accuracy (right) per epoch."""
+    """Train and validation loss (left) and accuracy (right) per epoch; a run without a validation split
+    (its validation figures null) shows the training curves alone."""
     plt = _figure()
     epochs = [h["epoch"] for h in history]
+    validated = any(h.get("val_loss") is not None for h in history)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
-    left.plot(epochs, [h["val_loss"] for h in history], marker="o", label="validation")
+    if validated:
+        left.plot(epochs, [h["val_loss"] for h in history], marker="o", label="validation")
     left.set(xlabel="epoch", ylabel="loss", title="Loss")
     left.legend()
     right.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="train")
-    right.plot(epochs, [h["val_accuracy"] for h in history], marker="o", label="validation")
+    if validated:
+        right.plot(epochs, [h["val_accuracy"] for h in history], marker="o", label="validation")
     right.set(xlabel="epoch", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
     right.legend()
     _save(fig, path)

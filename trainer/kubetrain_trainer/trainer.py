@@ -148,27 +148,31 @@ class Trainer:
         val_loss, report = self.evaluator.validate()
         progress.finish_epoch(epoch)
         images_per_second = steps * self.data.global_batch / train_seconds
+        # Without a validation split nothing was measured: null in the history and progress, not 0.0.
+        val_accuracy = None if val_loss is None else report.accuracy
         progress.history.append(
             {
                 "epoch": epoch,
                 "train_loss": round(trained.loss, 6),
                 "train_accuracy": round(trained.accuracy, 6),
-                "val_loss": round(val_loss, 6),
-                "val_accuracy": round(report.accuracy, 6),
+                "val_loss": None if val_loss is None else round(val_loss, 6),
+                "val_accuracy": None if val_accuracy is None else round(val_accuracy, 6),
                 "lr": self.state.optimizer.param_groups[0]["lr"],
                 "images_per_second": round(images_per_second, 1),
                 "train_seconds": round(train_seconds, 3),
                 "seconds": round(time.perf_counter() - started, 3),
             }
         )
+        validated = "no validation split"
+        if val_loss is not None:
+            validated = f"validation loss {val_loss:.4f} acc {report.accuracy:.4f}"
         log.info(
-            "epoch %d/%d done: train loss %.4f acc %.4f, validation loss %.4f acc %.4f, %.0f img/s",
+            "epoch %d/%d done: train loss %.4f acc %.4f, %s, %.0f img/s",
             epoch,
             length.epochs,
             trained.loss,
             trained.accuracy,
-            val_loss,
-            report.accuracy,
+            validated,
             images_per_second,
         )
         checkpoint_every = self.config.checkpoint_every_epochs
@@ -181,7 +185,7 @@ class Trainer:
                     length.epochs,
                     progress.step,
                     loss=trained.loss,
-                    accuracy=report.accuracy,
+                    accuracy=val_accuracy,
                     validation_loss=val_loss,
                     images_per_second=images_per_second,
                     resumed_from=self.resumed_from,

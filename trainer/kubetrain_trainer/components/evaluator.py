@@ -39,8 +39,11 @@ class Evaluator:
     tick: heartbeat.ProgressTick = field(default_factory=heartbeat.ProgressTick)
     """Told of every validation batch (the heartbeat's progress: a long validation is no hang)."""
 
-    def validate(self) -> tuple[float, ClassReport]:
-        """The validation loss and per-class report over all ranks (collectives: every rank calls it)."""
+    def validate(self) -> tuple[float | None, ClassReport]:
+        """The validation loss and per-class report over all ranks (collectives: every rank calls it).
+
+        Without a validation split (`data.validation_fraction: 0`) the loss is None and the report's matrix
+        empty: nothing was measured, which progress and metrics.json say as null, not as a loss of 0."""
         self._adopt_main_buffers()
         # The plain module, not the DDP wrapper: DDP's forward broadcasts buffers, a collective that would
         # deadlock when the ranks' validation shards differ by one batch.
@@ -65,7 +68,7 @@ class Evaluator:
         classes = self.data.classes
         n = len(classes)
         matrix = packed[: n * n].round().long().view(n, n)
-        loss = float(packed[-2] / packed[-1]) if packed[-1] > 0 else 0.0
+        loss = float(packed[-2] / packed[-1]) if packed[-1] > 0 else None
         return loss, ClassReport(classes, matrix)
 
     def _adopt_main_buffers(self) -> None:
@@ -97,14 +100,17 @@ class Evaluator:
         if history:
             plots.loss_curve(job_dir / "loss_curve.png", history)
         plots.confusion_matrix(job_dir / "confusion_matrix.png", report.matrix, classes)
-        # Evenly spaced validation images: the split is ordered by class, so this shows many classes.
-        sample = data.validation.subset(torch.linspace(0, len(data.validation) - 1, 16).long().unique())
-        if len(sample):
+        # Evenly spaced validation images: the split is ordered by class, so this shows many classes. A run
+        # without a validation split has nothing to show (and linspace would count down to index -1).
+        if len(data.validation):
+            sample = data.validation.subset(torch.linspace(0, len(data.validation) - 1, 16).long().unique())
             predicted = evaluation.evaluate(
                 self.model, sample, data.preprocessing, device=self.device, batch_size=16, dtype=self.dtype
             ).predictions
             plots.prediction_grid(
                 job_dir / "predictions.png", sample.images, sample.labels, predicted, classes
             )
-        log.info("validation per-class report:\n%s", report.table())
+            log.info("validation per-class report:\n%s", report.table())
+        else:
+            log.info("no validation split (data.validation_fraction 0): no per-class report")
         log.info("artifacts written to %s", job_dir)
