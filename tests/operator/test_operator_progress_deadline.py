@@ -133,3 +133,72 @@ def test_workers_are_asked_for_a_heartbeat_only_with_a_deadline(
 def test_a_deadline_shorter_than_four_heartbeats_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError, match=r"progressDeadlineSeconds|progress_deadline_seconds"):
         api.TrainingJobSpec.model_validate(deadline_spec(10))
+
+
+# ---- elastic groups: judged once every wanted member runs, restarted whole with a new store
+
+
+def _elastic_plan(pods: list[dict[str, Any]], **status: Any) -> plans.Plan:
+    spec = deadline_spec(workers=2, elastic={"minWorkers": 1, "maxWorkers": 2})
+    record = running_status(elastic={"members": [0, 1], "worldSize": 2}, **status)
+    store = elastic_store(spec)
+    return planner.plan(
+        observed(spec, status=record, jobs=[job(0), job(1), store[0]], pods=[*pods, store[1]]), NOW
+    )
+
+
+def elastic_store(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The elastic group's running rendezvous store: its Job and its pod."""
+    store = builders.build_rendezvous_job(context("demo", spec=spec))
+    assert store is not None
+    store["metadata"].update(uid="store-uid", creationTimestamp=ago(3600))
+    store["status"] = {}
+    template = store["spec"]["template"]
+    store_pod = {
+        "metadata": {
+            **template["metadata"],
+            "name": f"{store['metadata']['name']}-xyz",
+            "namespace": store["metadata"]["namespace"],
+            "ownerReferences": [
+                {"kind": "Job", "name": store["metadata"]["name"], "uid": "store-uid", "controller": True}
+            ],
+        },
+        "spec": template["spec"],
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    return store, store_pod
+
+
+def test_a_hung_elastic_group_restarts_whole_with_a_new_store_naming_the_stalled_workers() -> None:
+    pods = [worker(0, step=80, idle=DEADLINE + 30), worker(1, step=80, idle=DEADLINE + 30)]
+    p = _elastic_plan(pods)
+    assert p.status["phase"] == "Restarting"
+    assert (p.status["restarts"], p.status["restartAttempt"]) == (1, 1)
+    assert p.status["elastic"]["storeGeneration"] == 1
+    assert "2 of 2 workers made no progress for over 300 s" in p.status["message"]
+    assert "with a new rendezvous store" in p.status["message"]
+    assert p.status["lastFailure"]["reason"] == "ProgressStalled"
+    deleted = sorted(d.name for d in p.delete)
+    assert len(deleted) == 3 and any("rdzv" in name for name in deleted), deleted
+
+
+def test_a_progressing_elastic_group_runs_on_and_is_looked_at_again_before_it_could_stall() -> None:
+    p = _elastic_plan([worker(0, step=500, idle=10), worker(1, step=500, idle=100)])
+    assert p.status["phase"] == "Running"
+    assert p.delete == []
+    assert p.requeue_after is not None and p.requeue_after <= DEADLINE - 100 + 1
+
+
+def test_an_elastic_group_waiting_for_a_member_is_not_judged() -> None:
+    """The survivors of a replaced worker wait in the rendezvous, making no steps, until it runs."""
+    waiting = pod(1, phase="Pending", unschedulable="0/3 nodes are available")
+    p = _elastic_plan([worker(0, step=80, idle=3000), waiting])
+    assert p.status["restarts"] == 0
+    assert st.get_condition(p.status, "Restarting") is None
+
+
+def test_elastic_workers_are_asked_for_a_heartbeat_with_a_deadline() -> None:
+    spec = deadline_spec(300, workers=2, elastic={"minWorkers": 1, "maxWorkers": 2})
+    template = builders.build_worker_job(context("demo", spec=spec), 0)["spec"]["template"]
+    values = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert values.get("KUBETRAIN_HEARTBEAT_SECONDS") == "30"

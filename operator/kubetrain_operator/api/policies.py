@@ -136,8 +136,9 @@ class FailurePolicy(base.Model):
             "progress on its pod (kubetrain.io/heartbeat) every quarter of the deadline, at most every 30 "
             "s. The restart counts against maxRestarts like a crash, and status, lastFailure and an Event "
             "name the stalled workers and their last step. Set it above the longest pause a healthy run "
-            "makes (data loading at start, a resume). Fixed-size groups only. Default: unset, no "
-            "heartbeat, no check. Mutable."
+            "makes (data loading at start, a resume). An elastic group is judged once all its wanted "
+            "workers run, and restarts whole with a new rendezvous store. Default: unset, no heartbeat, no "
+            "check. Mutable."
         ),
     )
 

@@ -235,7 +235,7 @@ def worker_env(ctx: Context, index: int) -> list[dict[str, Any]]:
         (contract.TERMINATION_LOG, contract.TERMINATION_LOG_PATH),
     ]
     deadline = spec.failure_policy.progress_deadline_seconds
-    if deadline is not None and spec.elastic is None:
+    if deadline is not None:
         values.append((contract.HEARTBEAT_SECONDS, str(policies.heartbeat_seconds(deadline))))
     if spec.trainer is not None:
         values.append(

@@ -198,6 +198,9 @@ def plan(
     # 6. Failures: replace each failed worker alone, within the budget; non-retryable codes fail the job.
     if (failed := _replace_failed(group)) is not None:
         return failed
+    # 6b. A hung group (failurePolicy.progressDeadlineSeconds): every member starts over, counted.
+    if (hung := _stalled(group)) is not None:
+        return hung
     # 7. Scale down: indices at or above spec.workers leave; the counter moves past their names.
     elastic = _scale_down(group)
     # 8. Success: torchrun ends every agent of a finished group; late failures are not replaced.
@@ -216,7 +219,9 @@ def _store(group: _Group) -> plans.Plan | None:
     present = [m for m in group.members if m.phase != "missing"]
     store_lost = store is None or store.phase in ("failed", "succeeded") or store.deleting
     if store_lost and present and not group.finished:
-        return _restart_group(group, store)
+        status = group.status
+        loss = decide_rendezvous_loss(group.spec, store, group.restarts, steps.disruption_restarts(status))
+        return _restart_group(group, loss)
     if store is not None and not store.deleting:
         return None
     # A new group (first start, after a restart or a resume): the old workers go first, any old rank 0
@@ -228,13 +233,27 @@ def _store(group: _Group) -> plans.Plan | None:
     ) or steps.wait_for_lingering_pods(out, obs.lingering_pods, members=group.members, size=size, now=now)
 
 
-def _restart_group(group: _Group, store: Worker | None) -> plans.Plan:
-    """The rendezvous is lost: every worker starts over at a new attempt with a new store (the next
-    generation). A store the cluster took away is a disruption; one that failed by itself counts like a
-    fixed-size restart (or the job fails when that budget is spent)."""
+def _stalled(group: _Group) -> plans.Plan | None:
+    """Restart the group when its members, all running, made no progress within the deadline: a hung
+    collective holds every rank, so no one member can be replaced alone to free it."""
+    if group.finished:
+        return None
+    then = "restarting the whole group with a new rendezvous store"
+    decision = failure.decide_stall(group.spec, group.members, group.restarts, group.now, then)
+    if decision.action == "continue":
+        return None
+    if decision.worker is not None and decision.action == "restart":
+        group.status["lastFailure"] = steps.failure_record(
+            decision.worker, decision.worker.attempt, decision.message
+        )
+    return _restart_group(group, decision)
+
+
+def _restart_group(group: _Group, decision: failure.Decision) -> plans.Plan:
+    """Every worker starts over at a new attempt with a new store (the next generation), as `decision`
+    (the rendezvous lost, or the group hung) says; or the job fails when its budget is spent."""
     out, status = group.out, group.status
     generation = store_generation(status)
-    decision = decide_rendezvous_loss(group.spec, store, group.restarts, steps.disruption_restarts(status))
     if decision.action == "fail":
         return group.fail(decision.reason, decision.message, decision.worker)
     # The old group's record goes (status is merge-patched: each key it had is nulled), the store's
@@ -375,6 +394,8 @@ def _record_group(group: _Group, elastic: dict[str, Any]) -> None:
         group.now,
     )
     policy = group.elastic
+    if (stall_check := failure.next_stall_check(spec, members, now)) is not None:
+        out.requeue_after = min(out.requeue_after or stall_check, stall_check)
     running = [m.index for m in members if m.phase in ("running", "succeeded")]
     before = elastic.get("members") or []
     world = len(running) * spec.procs_per_worker()

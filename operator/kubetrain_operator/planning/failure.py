@@ -188,13 +188,18 @@ def last_progress(workers: Sequence[Worker]) -> dict[int, datetime]:
 
 
 def decide_stall(
-    spec: api.TrainingJobSpec, workers: Sequence[Worker], restarts: int, now: datetime
+    spec: api.TrainingJobSpec,
+    workers: Sequence[Worker],
+    restarts: int,
+    now: datetime,
+    then: str = "restarting the whole group from its checkpoint",
 ) -> Decision:
-    """Restart (counted) a running group in which a worker made no progress for longer than
-    failurePolicy.progressDeadlineSeconds, naming the stalled workers and their last step; "continue"
-    when there is no deadline or no stall."""
+    """Restart (counted; `then` says how) a running group in which a worker made no progress for longer
+    than failurePolicy.progressDeadlineSeconds, naming the stalled workers and their last step;
+    "continue" when there is no deadline or no stall. An elastic group is judged the same way, once all
+    its wanted members run: while one is missing the others may rightly wait in the rendezvous."""
     deadline = spec.failure_policy.progress_deadline_seconds
-    if deadline is None or spec.elastic is not None:
+    if deadline is None:
         return Decision("continue", "", "")
     progress = last_progress(workers)
     idle = {index: (now - at).total_seconds() for index, at in progress.items()}
@@ -213,7 +218,6 @@ def decide_stall(
         f"(failurePolicy.progressDeadlineSeconds): {named}{more}"
     )
     blamed = dataclasses.replace(stalled[0], reason="ProgressStalled")
-    then = "restarting the whole group from its checkpoint"
     return counted_restart(spec, what, restarts, reason="ProgressStalled", then=then, worker=blamed)
 
 
@@ -221,7 +225,7 @@ def next_stall_check(spec: api.TrainingJobSpec, workers: Sequence[Worker], now: 
     """Seconds until the first running worker would pass its progress deadline, if nothing moves: a
     frozen worker sends no news, so the planner must look again by then."""
     deadline = spec.failure_policy.progress_deadline_seconds
-    progress = last_progress(workers) if deadline is not None and spec.elastic is None else {}
+    progress = last_progress(workers) if deadline is not None else {}
     if not progress:
         return None
     first = min(progress.values())
