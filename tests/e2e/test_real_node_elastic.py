@@ -53,7 +53,8 @@ def _worker_jobs(cluster: Cluster, name: str) -> dict[str, str]:
     return {
         job["metadata"]["name"]: job["metadata"]["uid"]
         for job in items
-        if not job["metadata"]["name"].endswith("-rdzv") and not job["metadata"].get("deletionTimestamp")
+        if job["metadata"]["labels"].get("kubetrain.io/role") != "rendezvous"
+        and not job["metadata"].get("deletionTimestamp")
     }
 
 
@@ -159,6 +160,57 @@ def test_worker_0_killed_mid_training_is_replaced_alone_and_the_survivors_train_
     reasons = {e["reason"] for e in _events(cluster, "elastic-kill")}
     assert "WorkerReplaced" in reasons and "Restarting" not in reasons, reasons
     assert (volumes["output"] / "elastic-kill" / "model.pt").is_file()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children first), read from /proc's children lists."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out += [int(child), *_descendants(int(child))]
+    return out
+
+
+def test_a_hung_elastic_group_is_caught_by_the_progress_deadline_and_restarts_whole(
+    real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
+) -> None:
+    """Worker 1's training processes are frozen (SIGSTOP) under a live torchrun agent, which sees nothing
+    wrong: its children still exist. Worker 0 waits in its all-reduce for ever. Only the progress deadline
+    ends it: the group restarts whole, with a new rendezvous store, and trains to the end."""
+    cluster, node = real_cluster
+    manifest = _elastic_job("elastic-hang", workers=2)
+    manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 60}
+    cluster.apply(manifest)
+    _training_at(cluster, "elastic-hang", 2, epoch=2)
+    assert workload.status(cluster, "elastic-hang")["restarts"] == 0, (
+        "a healthy group is never taken for hung"
+    )
+    frozen = workload.pod_of(cluster, "elastic-hang-r0-w1")
+    agent = node.container_pid(workload.NAMESPACE, frozen, "worker")
+    trainers = _descendants(agent)
+    assert trainers, f"torchrun (pid {agent}) has no training processes"
+    for pid in trainers:
+        os.kill(pid, signal.SIGSTOP)
+
+    status = wait_for(
+        lambda: (s := workload.status(cluster, "elastic-hang")).get("restarts") == 1 and s,
+        "the hung elastic group to be restarted",
+        300,
+        interval=1,
+        explain=lambda: workload.story(cluster, "elastic-hang"),
+    )
+    assert status["lastFailure"]["reason"] == "ProgressStalled", status["lastFailure"]
+    assert f"(pod {frozen}) at step" in status["lastFailure"]["message"], status["lastFailure"]
+    assert "with a new rendezvous store" in status["lastFailure"]["message"], status["lastFailure"]
+
+    done = workload.wait_phase(cluster, "elastic-hang", "Succeeded", 1200)
+    story = workload.story(cluster, "elastic-hang")
+    assert done["restarts"] == 1 and done["restartAttempt"] == 1, story
+    assert done["elastic"]["storeGeneration"] == 1, story
+    assert sorted(_worker_jobs(cluster, "elastic-hang")) == ["elastic-hang-r1-w0", "elastic-hang-r1-w1"], (
+        story
+    )
+    assert (volumes["output"] / "elastic-hang" / "model.pt").is_file()
 
 
 def test_kubectl_scale_2_to_3_to_2_on_a_running_job_trains_as_well_as_a_fixed_size_run(
