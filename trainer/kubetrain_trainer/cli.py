@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain_trainer import config_loading, contract, distributed, logging_setup, termination
+from kubetrain_trainer.config import TEST_TIME_VIEWS
 from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES, ExitCode
 from kubetrain_trainer.failures import ConfigError, TrainerError, classify
 
@@ -48,6 +49,19 @@ def _add_train_parser(commands: Any) -> None:
     )
 
 
+def _add_views_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--tta",
+        nargs="?",
+        const="flip",
+        default="run",
+        choices=TEST_TIME_VIEWS,
+        help="test-time views averaged per image: run (default) those the model's training run validated "
+        "with, so evaluate reproduces metrics.json; none; flip (the image and its mirror, also a bare "
+        "--tta); translate (shifted one pixel each way); flip+translate (6 views)",
+    )
+
+
 def _add_evaluate_parser(commands: Any) -> None:
     evaluate = commands.add_parser(
         "evaluate", help="accuracy and per-class table of a model on a dataset split"
@@ -58,7 +72,7 @@ def _add_evaluate_parser(commands: Any) -> None:
     evaluate.add_argument("--split", choices=["validation", "train", "all"], default="validation")
     evaluate.add_argument("--batch-size", type=int, default=512)
     evaluate.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    evaluate.add_argument("--tta", action="store_true", help="average predictions with mirrored images")
+    _add_views_argument(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
 
 
@@ -68,7 +82,7 @@ def _add_predict_parser(commands: Any) -> None:
     predict.add_argument("images", type=Path, nargs="+", help="image files and/or directories (recursed)")
     predict.add_argument("--batch-size", type=int, default=256)
     predict.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    predict.add_argument("--tta", action="store_true", help="average predictions with mirrored images")
+    _add_views_argument(predict)
     predict.add_argument(
         "--json", action="store_true", help="print a JSON list instead of one line per image"
     )
@@ -209,13 +223,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"dataset classes {full.classes} differ from the model's classes {trained.classes}")
     train_part, val_part = datasets.split_validation(full, data_config.validation_fraction)
     data = {"validation": val_part, "train": train_part, "all": full}[args.split]
+    flip_tta, translate_tta = evaluation.chosen_views(args.tta, trained.config)
     result = evaluation.evaluate(
         trained.model,
         data,
         trained.preprocessing,
         device=device,
         batch_size=args.batch_size,
-        flip_tta=args.tta,
+        flip_tta=flip_tta,
+        translate_tta=translate_tta,
         dtype=precision.compute_dtype(trained.config.precision, device),
     )
     report = ClassReport(trained.classes, result.matrix)
@@ -231,13 +247,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 def run_predict(args: argparse.Namespace) -> int:
     """Print `path: label_id, label, score` per image (or a JSON list) using the model's preprocessing."""
-    from kubetrain_trainer import artifacts, inference
+    from kubetrain_trainer import artifacts, evaluation, inference
 
     logging_setup.configure()
     device = _device(args.device)
     trained = artifacts.load_model(args.model, device)
     paths = inference.expand_image_paths(args.images)
-    predictions = inference.predict_files(trained, paths, device, args.batch_size, args.tta)
+    flip_tta, translate_tta = evaluation.chosen_views(args.tta, trained.config)
+    predictions = inference.predict_files(
+        trained, paths, device, args.batch_size, flip_tta=flip_tta, translate_tta=translate_tta
+    )
     if args.json:
         print(json.dumps([p.to_dict() for p in predictions], indent=2))
     else:

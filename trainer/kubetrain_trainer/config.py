@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Precision = Literal["auto", "fp32", "bf16"]
 """What `TrainerConfig.precision` accepts; `precision.compute_dtype` turns it into a torch dtype."""
 
+TEST_TIME_VIEWS = ("run", "none", "flip", "translate", "flip+translate")
+"""What `kubetrain evaluate --tta` and `predict --tta` accept (`evaluation.chosen_views`): `run` (their
+default) the views the model's training run validated with (`eval_flip_tta`, `eval_translate_tta`), the
+others a fixed choice whatever the run used."""
+
 
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo in a manifest must not silently fall back to a default."""

@@ -10,8 +10,20 @@ from torch import nn
 from torch.nn import functional
 
 from kubetrain_trainer import batches, precision
+from kubetrain_trainer.config import TEST_TIME_VIEWS, TrainerConfig
 from kubetrain_trainer.datasets import LabeledImages
 from kubetrain_trainer.preprocessing import Preprocessing
+
+
+def chosen_views(choice: str, config: TrainerConfig) -> tuple[bool, bool]:
+    """(flip_tta, translate_tta) for a `config.TEST_TIME_VIEWS` entry; `run` reads the model's own config,
+    so that `kubetrain evaluate model.pt` reproduces metrics.json and `predict` the model the run
+    reported."""
+    if choice == "run":
+        return config.eval_flip_tta, config.eval_translate_tta
+    if choice not in TEST_TIME_VIEWS:
+        raise ValueError(f"test-time views {choice!r} is not one of {', '.join(TEST_TIME_VIEWS)}")
+    return "flip" in choice, "translate" in choice
 
 
 def test_time_views(

@@ -58,9 +58,16 @@ def load_images(paths: list[Path], image_size: int) -> torch.Tensor:
 
 @torch.no_grad()
 def predict_files(
-    trained: TrainedModel, paths: list[Path], device: torch.device, batch_size: int, flip_tta: bool = False
+    trained: TrainedModel,
+    paths: list[Path],
+    device: torch.device,
+    batch_size: int,
+    *,
+    flip_tta: bool = False,
+    translate_tta: bool = False,
 ) -> list[Prediction]:
-    """Top-1 prediction per file, `batch_size` images per forward pass."""
+    """Top-1 prediction per file, `batch_size` images per forward pass, averaged over the test-time views
+    asked for (`evaluation.test_time_views`)."""
     prep = trained.preprocessing
     results: list[Prediction] = []
     dtype = precision.compute_dtype(trained.config.precision, device)
@@ -68,7 +75,7 @@ def predict_files(
         chunk = paths[start : start + batch_size]
         images = prep.normalize(load_images(chunk, prep.image_size).to(device))
         images = images.contiguous(memory_format=torch.channels_last)
-        log_probs = evaluation.log_probabilities(trained.model, images, flip_tta, dtype=dtype)
+        log_probs = evaluation.log_probabilities(trained.model, images, flip_tta, translate_tta, dtype=dtype)
         scores, labels = log_probs.exp().max(dim=1)
         for path, label, score in zip(chunk, labels.tolist(), scores.tolist(), strict=True):
             results.append(Prediction(str(path), label, trained.classes[label], round(score, 6)))
