@@ -2,8 +2,8 @@
 the middle of an epoch is carried over to this run's world size.
 
 An elastic group may come back with more or fewer workers; the checkpoint's state means the same at any
-size, only the steps of the interrupted epoch are counted in another global batch
-(`checkpoints.equivalent_epoch_step`). The operator learns where the attempt resumed from `resume_record`
+size, only its steps are counted in another global batch: the interrupted epoch's
+(`checkpoints.equivalent_epoch_step`) and the run's, which the learning-rate schedule and lookahead read. The operator learns where the attempt resumed from `resume_record`
 at once, not only when its first epoch ends.
 """
 
@@ -32,8 +32,9 @@ def resume(
 ) -> dict[str, int] | None:
     """Load the newest resumable checkpoint into `state` (rank 0 chooses and broadcasts: a collective).
 
-    Returns where training resumes, `{"attempt", "epoch", "step"}` as progress reports it, or None for a
-    fresh start.
+    Returns where training resumes, `{"attempt", "epoch", "step"}` as progress reports it (the checkpoint's
+    own step count, comparable with the previous attempt's progress, even where this run counts it in
+    another global batch), or None for a fresh start.
     """
     choice: list[str | None] = [None]
     if world.is_main:
@@ -47,9 +48,11 @@ def resume(
         return None
     header = manager.load(Path(choice[0]), state)
     progress = state.progress
+    checkpoint_step = progress.step
     steps_per_epoch = length.steps_per_epoch
     if progress.epoch_step:
         _carry_epoch_step_over(header, manager.identity, progress, steps_per_epoch)
+    _carry_run_step_over(progress, length)
     log.info(
         "resumed from checkpoint %s in restart attempt %d: epoch %d of %d, step %d "
         "(%d of %d steps of epoch %d done)",
@@ -57,12 +60,12 @@ def resume(
         restart_attempt,
         progress.last_step_epoch,
         length.epochs,
-        progress.step,
+        checkpoint_step,
         progress.epoch_step or steps_per_epoch,
         steps_per_epoch,
         progress.last_step_epoch,
     )
-    return {"attempt": restart_attempt, "epoch": progress.last_step_epoch, "step": progress.step}
+    return {"attempt": restart_attempt, "epoch": progress.last_step_epoch, "step": checkpoint_step}
 
 
 def _carry_epoch_step_over(
@@ -86,6 +89,27 @@ def _carry_epoch_step_over(
         progress.epoch_step,
     )
     progress.epoch_step = min(step, steps_per_epoch)
+
+
+def _carry_run_step_over(progress: TrainState, length: optim.RunLength) -> None:
+    """Count the run's steps in this run's global batch: the completed epochs' steps plus the (carried over)
+    position in the next one.
+
+    The learning-rate schedule and lookahead's averaging are functions of the step against this run's
+    `total_steps`; a step count taken in another global batch would end the schedule early (after a larger
+    global batch: the remaining steps at learning rate 0) or never (after a smaller one: no final averaging,
+    so the saved model is not the average). With the same global batch the count is unchanged."""
+    step = progress.epoch * length.steps_per_epoch + progress.epoch_step
+    if step == progress.step:
+        return
+    log.warning(
+        "the checkpoint's %d steps were taken in another global batch: this run counts them as %d of its %d, "
+        "so that the learning-rate schedule and lookahead's final averaging end with its last step",
+        progress.step,
+        step,
+        length.total_steps,
+    )
+    progress.step = step
 
 
 def resume_record(progress: TrainState, epochs: int, resumed_from: dict[str, int]) -> dict[str, Any]:
