@@ -1,4 +1,4 @@
-"""The operator's /metrics, scraped from the running process, against what the README documents and what
+"""The operator's /metrics, scraped from the running process, against what docs/operations.md documents and what
 the chart's dashboard and alert rules query; and a leader-election standby's, before and after it leads."""
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from testcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def documented_metrics() -> set[str]:
-    """The metric names in the README's Metrics bullet, as a user would type them into a query."""
-    text = README.read_text()
+    """The metric names in docs/operations.md's Metrics bullet, as a user would type them into a query."""
+    text = OPERATIONS.read_text()
     bullet = text[text.index("- **Metrics**") :]
     bullet = bullet[: bullet.index("\n- **", 1)]
     return set(re.findall(r"`(kubetrain_[a-z_]+)`", bullet))
@@ -82,12 +82,12 @@ def report_progress(cluster: Cluster, namespace: str, job: str, record: dict[str
     cluster.kubectl("-n", namespace, "annotate", "--overwrite", rank0, annotation)
 
 
-def test_every_metric_the_readme_the_dashboard_and_the_alerts_name_is_served_by_the_running_operator(
+def test_every_metric_the_docs_the_dashboard_and_the_alerts_name_is_served_by_the_running_operator(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     """One job succeeds, one fails after a restart, one runs and reports progress the way the trainer
     does: every counter has a sample in this namespace and every per-job series one for these jobs. The
-    README's names are exactly the served families; the chart's dashboard and alert rules query only
+    names in docs/operations.md are exactly the served families; the chart's dashboard and alert rules query only
     served names; the per-job series say what the jobs' status says."""
     url = operator.metrics_url
     assert url is not None

@@ -1,6 +1,7 @@
 """Names of the environment variables and annotations shared by the operator and the trainer.
 
-Both sides import these constants, so the contract cannot drift. See README "Worker environment".
+Both sides import these constants, so the contract cannot drift. See "Worker environment" in
+docs/trainingjob.md.
 """
 
 MASTER_ADDR = "MASTER_ADDR"
