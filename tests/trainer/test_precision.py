@@ -15,6 +15,9 @@ from kubetrain_trainer import evaluation, precision
 from torch import nn
 from trainer_helpers import PREDICT_DIR, kubetrain, trainer_env
 
+AMPERE = (8, 0)
+"""An A100's compute capability: the first with bf16 tensor cores (H100 is 9.0)."""
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
@@ -31,7 +34,29 @@ from trainer_helpers import PREDICT_DIR, kubetrain, trainer_env
 def test_auto_is_bf16_only_on_a_gpu_and_an_explicit_choice_holds_everywhere(
     setting: precision.Precision, device: str, expected: torch.dtype
 ) -> None:
-    assert precision.compute_dtype(setting, torch.device(device)) == expected
+    assert precision.compute_dtype(setting, torch.device(device), capability=AMPERE) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("gpu", "capability", "expected"),
+    [
+        ("P100", (6, 0), torch.float32),
+        ("V100", (7, 0), torch.float32),
+        ("T4", (7, 5), torch.float32),
+        ("A100", (8, 0), torch.bfloat16),
+        ("A10", (8, 6), torch.bfloat16),
+        ("L4", (8, 9), torch.bfloat16),
+        ("H100", (9, 0), torch.bfloat16),
+        ("B200", (10, 0), torch.bfloat16),
+    ],
+)
+def test_auto_keeps_fp32_on_gpus_that_only_emulate_bf16(
+    gpu: str, capability: tuple[int, int], expected: torch.dtype
+) -> None:
+    assert precision.compute_dtype("auto", torch.device("cuda"), capability=capability) == expected, gpu
+    # Asked for explicitly, bf16 is what the config says, emulated or not.
+    assert precision.compute_dtype("bf16", torch.device("cuda"), capability=capability) == torch.bfloat16
 
 
 @pytest.mark.unit

@@ -4,7 +4,9 @@ bf16 autocast halves the bytes each convolution moves and runs on the bf16 units
 with AMX (Intel Sapphire Rapids and later), where whitened_cnn trains 2-3x faster than in fp32 on two
 cores (the fast CPU recipe in this package's README). Batch-norm statistics, the loss and the optimiser stay
 fp32 under autocast, so no loss scaling is needed. On CPUs without AMX, bf16 is emulated or half-speed,
-which is why `auto` keeps the CPU in fp32 and only names the faster choice in the log.
+which is why `auto` keeps the CPU in fp32 and only names the faster choice in the log. GPUs before
+Ampere (compute capability 8.0: V100, T4) have no bf16 units either; CUDA emulates it there, slower
+than fp32, so `auto` keeps them in fp32 too.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ def cpu_has_amx() -> bool:
     return bool(probe is not None and probe())
 
 
-def compute_dtype(precision: Precision, device: torch.device) -> torch.dtype:
-    """bf16 when asked, or for `auto` on a GPU; fp32 otherwise (so `auto` on CPU is bit-for-bit fp32)."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+BF16_COMPUTE_CAPABILITY = (8, 0)
+"""The first CUDA compute capability with bf16 tensor cores (Ampere, A100); before it bf16 is emulated."""
+
+
+def compute_dtype(
+    precision: Precision, device: torch.device, *, capability: tuple[int, int] | None = None
+) -> torch.dtype:
+    """bf16 when asked, or for `auto` on a GPU that computes in bf16 natively; fp32 otherwise (so `auto`
+    on CPU is bit-for-bit fp32). `capability` is the GPU's compute capability, asked of `device` when not
+    given."""
+    if precision == "bf16":
         return torch.bfloat16
+    if precision == "auto" and device.type == "cuda":
+        if capability is None:
+            capability = torch.cuda.get_device_capability(device)
+        return torch.bfloat16 if tuple(capability) >= BF16_COMPUTE_CAPABILITY else torch.float32
     return torch.float32
 
 

@@ -51,6 +51,11 @@ def prepare(config: TrainerConfig, world: WorldEnv) -> tuple[torch.device, torch
     else:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
+        if config.precision == "auto" and dtype == torch.float32 and world.is_main:
+            major, minor = torch.cuda.get_device_capability(device)
+            log.info(
+                "this GPU (compute capability %d.%d) only emulates bf16: precision auto is fp32", major, minor
+            )
     return device, dtype
 
 
