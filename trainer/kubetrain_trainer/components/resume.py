@@ -3,8 +3,9 @@ the middle of an epoch is carried over to this run's world size.
 
 An elastic group may come back with more or fewer workers; the checkpoint's state means the same at any
 size, only its steps are counted in another global batch: the interrupted epoch's
-(`checkpoints.equivalent_epoch_step`) and the run's, which the learning-rate schedule and lookahead read. The operator learns where the attempt resumed from `resume_record`
-at once, not only when its first epoch ends.
+(`checkpoints.equivalent_epoch_step`) and the run's, which the learning-rate schedule and lookahead read.
+The operator learns where the attempt resumed from `resume_record` at once, not only when its first epoch
+ends.
 """
 
 from __future__ import annotations
