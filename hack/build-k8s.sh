@@ -6,6 +6,11 @@
 # Only the Go module proxy is reachable from our machines, so release binaries cannot be downloaded.
 # Binaries land in $KUBETRAIN_CACHE/k8s-bin/<versions>/ and a rerun with the same versions is a no-op.
 # Prints the directory holding the binaries as its last line.
+#
+# `hack/build-k8s.sh --control-plane-only VERSION` builds only kube-apiserver, kube-controller-manager and
+# kube-scheduler of another Kubernetes version (the oldest the chart supports, which the suite also runs
+# against beside the current set's etcd, kwok, kubectl and helm), under $KUBETRAIN_CACHE/k8s-bin/
+# control-plane-VERSION/.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
@@ -14,7 +19,15 @@ KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
-key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}"
+control_plane_only=0
+if [ "${1:-}" = "--control-plane-only" ]; then
+  [ -n "${2:-}" ] || { echo "usage: $0 --control-plane-only VERSION (e.g. v1.32.13)" >&2; exit 2; }
+  control_plane_only=1
+  K8S_VERSION=$2
+  key="control-plane-${K8S_VERSION}"
+else
+  key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}"
+fi
 out="$CACHE_ROOT/k8s-bin/$key"
 mkdir -p "$out"
 # One build at a time per version set: a second caller (a test session started while `make binaries`
@@ -26,6 +39,7 @@ log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 have() { [ -x "$out/$1" ]; }
 
 K8S_BINARIES="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
+[ "$control_plane_only" = 1 ] && K8S_BINARIES="kube-apiserver kube-controller-manager kube-scheduler"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -91,6 +105,12 @@ build_simple() {  # name module-main-package module version
 }
 
 start=$(date +%s)
+if [ "$control_plane_only" = 1 ]; then
+  build_kubernetes
+  log "control plane $K8S_VERSION present in $(( $(date +%s) - start ))s"
+  echo "$out"
+  exit 0
+fi
 build_etcd
 build_simple kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 build_simple helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"

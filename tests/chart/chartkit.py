@@ -8,12 +8,15 @@ the API server, with the chart's ServiceAccount token, whether each one is allow
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+from testcluster.binaries import KUBERNETES_VERSION
+from testcluster.cluster import Cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
@@ -96,7 +99,11 @@ FORBIDDEN_RESOURCES = ("secrets", "configmaps", "serviceaccounts", "roles", "rol
 
 
 def helm(helm_bin: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
-    """Run helm and return stdout; on failure raise with helm's stderr in the message."""
+    """Run helm and return stdout; on failure raise with helm's stderr in the message. An offline
+    `helm template` renders for the suite's Kubernetes: without a cluster helm assumes v1.20, which the
+    chart's kubeVersion refuses."""
+    if args[:1] == ("template",) and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBERNETES_VERSION)
     result = subprocess.run(
         [str(helm_bin), *args], capture_output=True, text=True, timeout=180, check=False, env=env
     )
@@ -196,3 +203,37 @@ def exec_form(dockerfile: Path, keyword: str) -> list[str]:
     parsed = json.loads(values[-1])
     assert isinstance(parsed, list) and all(isinstance(part, str) for part in parsed), values[-1]
     return parsed
+
+
+class Chart:
+    """helm against the test cluster, with helm's own state in a temporary directory."""
+
+    def __init__(self, cluster: Cluster, helm_bin: Path, directory: Path) -> None:
+        self.cluster = cluster
+        self.helm_bin = helm_bin
+        self.directory = directory
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "HELM_CACHE_HOME": str(directory / "cache"),
+            "HELM_CONFIG_HOME": str(directory / "config"),
+            "HELM_DATA_HOME": str(directory / "data"),
+        }
+
+    def run(self, *args: str, check: bool = True) -> str:
+        return helm(self.helm_bin, *args, check=check, env=self.env)
+
+    def install(self, release: str, namespace: str, values: dict[str, Any], *, upgrade: bool = False) -> str:
+        verb = ["upgrade"] if upgrade else ["install"]
+        return self.run(
+            *verb,
+            release,
+            str(CHART_DIR),
+            "--namespace",
+            namespace,
+            "-f",
+            str(values_file(self.directory, values)),
+        )
+
+    def uninstall(self, release: str, namespace: str) -> str:
+        return self.run("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")

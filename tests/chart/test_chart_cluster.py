@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import yaml
 from chartkit import (
-    CHART_DIR,
     CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
     KUEUE_CLUSTER_NEEDS,
@@ -34,9 +33,8 @@ from chartkit import (
     NOT_NEEDED,
     OPERATOR_NEEDS,
     REPO_ROOT,
+    Chart,
     exec_form,
-    helm,
-    values_file,
 )
 from kubetrain_operator.planning import builders
 from kubetrain_trainer import contract, heartbeat, progress
@@ -75,40 +73,6 @@ CLUSTER_KINDS = (
 
 def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
     return json.loads(cluster.kubectl("get", *args, "-o", "json"))
-
-
-class Chart:
-    """helm against the test cluster, with helm's own state in a temporary directory."""
-
-    def __init__(self, cluster: Cluster, helm_bin: Path, directory: Path) -> None:
-        self.cluster = cluster
-        self.helm_bin = helm_bin
-        self.directory = directory
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "HELM_CACHE_HOME": str(directory / "cache"),
-            "HELM_CONFIG_HOME": str(directory / "config"),
-            "HELM_DATA_HOME": str(directory / "data"),
-        }
-
-    def run(self, *args: str, check: bool = True) -> str:
-        return helm(self.helm_bin, *args, check=check, env=self.env)
-
-    def install(self, release: str, namespace: str, values: dict[str, Any], *, upgrade: bool = False) -> str:
-        verb = ["upgrade"] if upgrade else ["install"]
-        return self.run(
-            *verb,
-            release,
-            str(CHART_DIR),
-            "--namespace",
-            namespace,
-            "-f",
-            str(values_file(self.directory, values)),
-        )
-
-    def uninstall(self, release: str, namespace: str) -> str:
-        return self.run("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
 
 
 @pytest.fixture

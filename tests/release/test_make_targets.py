@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubetrain_operator.api import constants
+from testcluster.binaries import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.unit
 
@@ -176,7 +177,17 @@ def test_the_readmes_own_images_route_installs_the_pushed_images(helm_bin: Path)
     sets = re.findall(r"--set (\S+=\S+)", install)
     assert sets, "the README's install section sets the image repositories"
     rendered = subprocess.run(
-        [str(helm_bin), "template", "kubetrain", "charts/kubetrain", *(f"--set={value}" for value in sets)],
+        [
+            *(
+                str(helm_bin),
+                "template",
+                "kubetrain",
+                "charts/kubetrain",
+                "--kube-version",
+                KUBERNETES_VERSION,
+            ),
+            *(f"--set={value}" for value in sets),
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubetrain_operator import __version__
 from kubetrain_operator.api import constants
+from testcluster import binaries
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +81,10 @@ def test_make_and_the_image_build_read_it() -> None:
 def test_the_readme_installs_it() -> None:
     readme = (REPO_ROOT / "README.md").read_text()
     assert f"helm install kubetrain oci://ghcr.io/kubetrain/charts/kubetrain --version {VERSION}" in readme
+
+
+def test_the_suites_kubernetes_is_the_one_the_build_script_builds() -> None:
+    """Offline chart renders say which Kubernetes they stand for (testcluster.binaries); it must be the
+    version the suite's clusters run."""
+    script = binaries.BUILD_SCRIPT.read_text()
+    assert f"K8S_VERSION=${{K8S_VERSION:-{binaries.KUBERNETES_VERSION}}}" in script

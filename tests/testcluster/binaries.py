@@ -13,6 +13,14 @@ ACTIONLINT_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-actionlint.sh"
 PROMTOOL_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-promtool.sh"
 CACHE_ROOT = Path(os.environ.get("KUBETRAIN_CACHE", Path.home() / ".cache" / "kubetrain"))
 """Where builds are cached (binaries, images, the real node's image store), as hack/*.sh use it."""
+KUBERNETES_VERSION = "v1.37.2"
+"""The Kubernetes the suite's clusters run (hack/build-k8s.sh builds it by default; a test holds the two
+equal), and the version offline chart renders (`helm template --kube-version`) stand for."""
+OLDEST_KUBERNETES_VERSION = "v1.32.13"
+"""The oldest Kubernetes the chart declares (Chart.yaml's kubeVersion, a test holds the minor equal):
+the refusal table, a chart install and a TrainingJob's lifecycle also run on its control plane. 1.32 is
+the first whose CRD validation offers CEL's format library (introduced in 1.31, and new CRD rules may use
+a library only one release after it arrives), which the schema's name rules use."""
 REQUIRED = (
     "etcd",
     "kube-apiserver",
@@ -38,6 +46,28 @@ def ensure_binaries() -> Path:
     if missing:
         raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {', '.join(missing)} missing in {bin_dir}")
     return bin_dir
+
+
+def ensure_oldest_control_plane() -> Path:
+    """Return the directory holding kube-apiserver, kube-controller-manager and kube-scheduler of
+    OLDEST_KUBERNETES_VERSION, building them once (about 15 minutes cold on 2 cores, then cached); the
+    suite's etcd, kwok, kubectl and helm serve both versions."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--control-plane-only", OLDEST_KUBERNETES_VERSION],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=True,
+    )
+    directory = Path(result.stdout.strip().splitlines()[-1])
+    missing = [n for n in CONTROL_PLANE if not (directory / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {', '.join(missing)} missing in {directory}")
+    return directory
+
+
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+"""The binaries that make a cluster one Kubernetes version or another."""
 
 
 def ensure_actionlint() -> Path:

@@ -274,6 +274,7 @@ def start_cluster(
     extra_args: dict[str, list[str]] | None = None,
     sandbox: Sandbox | None = None,
     workload_api: bool = True,
+    control_plane: Path | None = None,
 ) -> Cluster:
     """Start a control plane with `nodes` Ready kwok nodes. On any failure everything started is stopped.
 
@@ -281,6 +282,9 @@ def start_cluster(
     manager's client QPS: {"kube-controller-manager": ["--kube-api-qps=200"]}. `workload_api` serves
     scheduling.k8s.io/v1beta1 Workload and PodGroup and turns on the scheduler's gang scheduling (the
     GenericWorkload gate); False gives a cluster as 1.37 ships by default, for comparisons.
+    `control_plane` is a directory holding another version's kube-apiserver, kube-controller-manager and
+    kube-scheduler (`binaries.ensure_oldest_control_plane`), run with the same etcd and kwok (pass
+    workload_api=False with one older than the GenericWorkload gate).
     """
     bin_dir = binaries.ensure_binaries()
     root = directory or Path(tempfile.mkdtemp(prefix="kubetrain-cluster-"))
@@ -301,7 +305,8 @@ def start_cluster(
         )
 
     def launch(name: str, argv: list[str]) -> None:
-        command = [str(bin_dir / name), *argv, *(extra_args or {}).get(name, [])]
+        home = control_plane if control_plane is not None and name in binaries.CONTROL_PLANE else bin_dir
+        command = [str(home / name), *argv, *(extra_args or {}).get(name, [])]
         cluster.argv[name] = sandbox.enter(command) if sandbox else command
         process = processes.start(name, cluster.argv[name], cluster.log_dir, detached=detached)
         cluster.processes[name] = process

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from testcluster import binaries
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "kubetrain"
 DASHBOARD = CHART_DIR / "dashboards" / "kubetrain-trainingjobs.json"
@@ -63,7 +65,10 @@ def rendered_rule_groups(helm_bin: Path, values: dict[str, Any] | None = None) -
     `values` under metrics.prometheusRule): what the Prometheus Operator hands Prometheus."""
     rule_values = {"metrics": {"prometheusRule": {"enabled": True, **(values or {})}}}
     result = subprocess.run(
-        [str(helm_bin), "template", "kt", str(CHART_DIR), "--show-only", RULE_TEMPLATE, "-f", "-"],
+        [
+            *(str(helm_bin), "template", "kt", str(CHART_DIR), "--show-only", RULE_TEMPLATE, "-f", "-"),
+            *("--kube-version", binaries.KUBERNETES_VERSION),
+        ],
         input=yaml.safe_dump(rule_values),
         capture_output=True,
         text=True,
