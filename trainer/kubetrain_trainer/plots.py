@@ -25,14 +25,24 @@ def _save(fig: Any, path: Path) -> None:
     _figure().close(fig)
 
 
-def loss_curve(path: Path, history: list[dict[str, Any]]) -> None:
+def loss_curve(path: Path, history: list[dict[str, Any]], label_smoothing: float = 0.0) -> None:
+    """`loss_curve_figure` as a PNG at `path`."""
+    _save(loss_curve_figure(history, label_smoothing), path)
+
+
+def loss_curve_figure(history: list[dict[str, Any]], label_smoothing: float = 0.0) -> Any:
     """Train and validation loss (left) and accuracy (right) per epoch; a run without a validation split
-    (its validation figures null) shows the training curves alone."""
+    (its validation figures null) shows the training curves alone.
+
+    The training loss is the one optimised: with `label_smoothing` it is measured against smoothed targets
+    and sits above the plain cross-entropy of validation even where the model fits both alike, so its
+    legend names the smoothing."""
     plt = _figure()
     epochs = [h["epoch"] for h in history]
     validated = any(h.get("val_loss") is not None for h in history)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
+    train_label = f"train (label smoothing {label_smoothing:g})" if label_smoothing else "train"
+    left.plot(epochs, [h["train_loss"] for h in history], marker="o", label=train_label)
     if validated:
         left.plot(epochs, [h["val_loss"] for h in history], marker="o", label="validation")
     left.set(xlabel="epoch", ylabel="loss", title="Loss")
@@ -42,7 +52,7 @@ def loss_curve(path: Path, history: list[dict[str, Any]]) -> None:
         right.plot(epochs, [h["val_accuracy"] for h in history], marker="o", label="validation")
     right.set(xlabel="epoch", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
     right.legend()
-    _save(fig, path)
+    return fig
 
 
 def confusion_matrix(path: Path, matrix: torch.Tensor, classes: list[str]) -> None:

@@ -98,7 +98,7 @@ class Evaluator:
         )
         artifacts.write_metrics(job_dir / artifacts.METRICS_FILE, history, report.to_dict(), record)
         if history:
-            plots.loss_curve(job_dir / "loss_curve.png", history)
+            plots.loss_curve(job_dir / "loss_curve.png", history, self.config.optimizer.label_smoothing)
         plots.confusion_matrix(job_dir / "confusion_matrix.png", report.matrix, classes)
         # Evenly spaced validation images: the split is ordered by class, so this shows many classes. A run
         # without a validation split has nothing to show (and linspace would count down to index -1).
