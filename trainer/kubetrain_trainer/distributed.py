@@ -10,10 +10,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kubetrain_trainer import contract
 from kubetrain_trainer.failures import ConfigError, RendezvousTimeoutError
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 """Set to "True" by torchrun for its worker processes (several processes per pod)."""
+
+T = TypeVar("T")
 
 _CONNECT_ATTEMPT_SECONDS = 2.0
 """Each connection attempt to the master waits this long: a master appearing late is seen within seconds."""
@@ -264,3 +266,44 @@ def all_reduce_sum(values: torch.Tensor, world: WorldEnv) -> torch.Tensor:
 
         dist.all_reduce(values)
     return values
+
+
+def barrier(world: WorldEnv) -> None:
+    """Wait until every rank gets here (a collective); nothing for a single process. NCCL is told this
+    rank's GPU, which it would otherwise have to guess."""
+    if not world.distributed:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+def in_turns(world: WorldEnv, action: Callable[[], T]) -> T:
+    """`action()` on every rank, one turn after another with a barrier (`barrier`) between the turns: rank 0
+    first, then the first process (LOCAL_RANK 0) of every other worker, then the rest.
+
+    For work that fills a shared place once, such as a dataset download into the data root: rank 0 does it
+    while the others wait, so they find the files in place on a volume shared by all workers; on a volume
+    per worker each worker's first process does it once more. Turns nobody has (a single worker, one
+    process per worker) are skipped alike on every rank, since every worker runs LOCAL_WORLD_SIZE processes.
+    A collective: every rank calls it at the same point.
+    """
+    if not world.distributed:
+        return action()
+    turns = [0]
+    if world.world_size > world.local_world_size:
+        turns.append(1)
+    if world.local_world_size > 1:
+        turns.append(2)
+    mine = 0 if world.is_main else 1 if world.local_rank == 0 else 2
+    result: list[T] = []
+    for index, turn in enumerate(turns):
+        if turn == mine:
+            result.append(action())
+        if index < len(turns) - 1:
+            barrier(world)
+    return result[0]

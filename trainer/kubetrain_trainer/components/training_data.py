@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kubetrain_trainer import batches, datasets, memory
+from kubetrain_trainer import batches, datasets, distributed, memory
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.datasets import DataOrigin, LabeledImages
 from kubetrain_trainer.distributed import WorldEnv
@@ -50,11 +50,20 @@ class TrainingData:
 
 def load_training_data(config: TrainerConfig, world: WorldEnv, device: torch.device) -> TrainingData:
     """Decode (or read the cache of) the configured set within this worker's memory, split it and build the
-    loader; the same on every rank, with no collective."""
+    loader; the same on every rank.
+
+    CIFAR-10 may be downloaded (torchvision writes the archive and extracts it in place, so ranks
+    downloading into one root at once tear each other's files): it is loaded in turns, rank 0 first
+    (`distributed.in_turns`, barriers: every rank calls this at the same point). Other data is read by
+    every rank at once, with no collective."""
     budget = memory.DataBudget(
         memory.memory_limit_bytes(), world.local_world_size, config.data.image_size, config.augment
     )
-    full = datasets.load(config.data, config.seed, budget)
+
+    def load() -> datasets.LabeledImages:
+        return datasets.load(config.data, config.seed, budget)
+
+    full = distributed.in_turns(world, load) if config.data.dataset == "cifar10" else load()
     train, validation = datasets.split_validation(full, config.data.validation_fraction)
     preprocessing = fit_preprocessing(train.images, config.data.image_size)
     loader = batches.BatchLoader(
