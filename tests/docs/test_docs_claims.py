@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
 CRD = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
 TRAININGJOB_DOC = REPO_ROOT / "docs" / "trainingjob.md"
+TRAINER_README = REPO_ROOT / "trainer" / "kubetrain_trainer" / "README.md"
 OPERATIONS_DOC = REPO_ROOT / "docs" / "operations.md"
 
 
@@ -239,3 +240,33 @@ def test_the_worker_rendezvous_timeout_the_readme_quotes_is_the_trainers() -> No
     assert f"`trainer.rendezvous_timeout_seconds` (default {default})" in re.sub(
         r"\s+", " ", README.read_text()
     )
+
+
+# --- the trainer README ---------------------------------------------------------------------------------
+
+PROJECT_HISTORY = re.compile(
+    r"\bissues? \d+|#\d+\b|\bwork items?\b|\bgit show\b|\bcommit [0-9a-f]{7,40}\b|\b[0-9a-f]{7,40}:|\bsession \d+"
+)
+"""How a page cites the project's history instead of saying what is true: `issue 13`, `#25`, a work item,
+`git show 74f3557:...`, a commit hash, `session 6`."""
+
+
+def test_the_trainer_readme_cites_no_issue_work_item_or_commit() -> None:
+    """The trainer README describes the program; where a figure came from is a file under
+    benchmarks/results, not an issue, a work item or a commit."""
+    cited = [match.group(0) for match in PROJECT_HISTORY.finditer(TRAINER_README.read_text())]
+    assert not cited, f"trainer/kubetrain_trainer/README.md cites the project's history: {cited}"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "against issue 13's targets",
+        "see #25",
+        "(`git show 74f3557:x.md`)",
+        "the work item",
+        "run 3 (session 6)",
+    ],
+)
+def test_the_history_pattern_finds_each_kind_of_citation(line: str) -> None:
+    assert PROJECT_HISTORY.search(line)
