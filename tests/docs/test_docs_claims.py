@@ -270,3 +270,44 @@ def test_the_trainer_readme_cites_no_issue_work_item_or_commit() -> None:
 )
 def test_the_history_pattern_finds_each_kind_of_citation(line: str) -> None:
     assert PROJECT_HISTORY.search(line)
+
+
+# --- measured figures -----------------------------------------------------------------------------------
+
+PERFORMANCE_DOC = REPO_ROOT / "docs" / "performance.md"
+TIMING = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|minutes|MB/h)\b")
+LOAD_SAID = ("**idle**", "**loaded**", "**not idle", "not an idle", "load not recorded")
+
+
+def performance_sections() -> dict[str, str]:
+    text = PERFORMANCE_DOC.read_text()
+    return {
+        part.split("\n", 1)[0]: part.split("\n", 1)[1]
+        for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]
+    }
+
+
+def test_every_timed_section_of_performance_doc_says_its_machine_and_its_load() -> None:
+    """A section of docs/performance.md that gives a time names the machine and says whether it was idle
+    (in bold) or not: figures taken on a loaded machine must say so plainly."""
+    sections = performance_sections()
+    assert len(sections) >= 5, sorted(sections)
+    for heading, body in sections.items():
+        if not TIMING.search(body):
+            continue
+        assert re.search(r"machine|[0-9]+ (?:cores|CPUs)", body, flags=re.IGNORECASE), (
+            f"{heading}: no machine"
+        )
+        assert any(said in body for said in LOAD_SAID), f"{heading}: says neither idle nor loaded"
+
+
+def test_the_readme_gives_no_timing_of_its_own() -> None:
+    """The README links measured figures instead of quoting them: no "N s" outside its code blocks, apart
+    from settings (a timeout, a default)."""
+    text = CODE_BLOCK.sub("", README.read_text())
+    timings = [
+        line.strip()
+        for line in text.splitlines()
+        if TIMING.search(line) and not re.search(r"timeout|default|within|every|after|seconds", line)
+    ]
+    assert not timings, f"the README quotes measured times; move them to docs/performance.md: {timings}"
