@@ -89,7 +89,7 @@ def test_resume_prefers_the_newest_attempt_then_epoch_then_step(
 def test_pruning_deletes_only_the_writers_own_and_older_attempts(
     names: list[str], writer: int, keep: int, deleted: list[str]
 ) -> None:
-    assert checkpoints.prunable(names, writer, keep) == deleted
+    assert checkpoints.prunable(names, writer, keep, valid=lambda _: True) == deleted
 
 
 @pytest.mark.unit

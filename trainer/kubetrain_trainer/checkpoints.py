@@ -13,7 +13,8 @@ server may keep training and writing into the same directory. So
 - an attempt that resumes from an older attempt's checkpoint first makes it its own
   (`Checkpointer.adopt`: a hard link, or a copy, under its attempt's name), so the live lineage holds
   the state it resumed from at once, and an old writer learns of the new attempt at its next save;
-- pruning deletes only the writer's own attempt's and older attempts' files (`prunable`);
+- pruning, and the clean-up at start, delete only the writer's own attempt's and older attempts' files
+  (`prunable`, `Checkpointer.clean_up`): a newer attempt's writer may be between its two renames;
 - a writer that finds a checkpoint of a newer attempt of its job (`Checkpointer.superseded_by`: a
   directory listing, and a header read only when a newer name is there) is a leftover: it raises
   `failures.SupersededError` (exit 130, INTERRUPTED) instead of writing or pruning again.
@@ -23,9 +24,16 @@ Writing does not stall training: `save_in_background` copies the state to CPU me
 and writes its SHA-256 atomically to `<name>.sha256`. At most one write is in flight: the next save, and
 `wait`, first finish the previous one and re-raise its error; when training fails or is interrupted
 (SIGTERM), the interpreter joins the writer thread before the process exits, so the write in flight is
-finished rather than torn. A checkpoint without a matching digest (the
-pod died between the two renames, the volume was truncated, a bit flipped) is invalid: resume warns and
-uses the previous one.
+finished rather than torn.
+
+The digest is the commit record. A checkpoint without one was never committed (its writer was killed
+between the two renames) and is discarded, never recovered: `Checkpointer.clean_up` deletes it at the
+next start with the temporary files a kill leaves, since nothing tells a complete file from one cut
+short except the digest it never got. A checkpoint whose digest does not match (the volume was
+truncated, a bit flipped) is invalid too. Resume takes the newest valid one and says which it passed
+over; pruning counts only valid ones towards `keep` and deletes the rest of its own and older attempts',
+and deletes a checkpoint's digest before the checkpoint, so a kill at any step of a save leaves the
+previous valid checkpoint in place until the new one is committed.
 
 A checkpoint also records who wrote it: the restart attempt, the TrainingJob's uid, the class names and
 the config fields that shape the state (`config.resume_identity`). The output directory is keyed by the
@@ -40,7 +48,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -53,6 +61,8 @@ from kubetrain_trainer.failures import SupersededError
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^(?:attempt-(\d{4,})-)?epoch-(\d{6})(?:-step-(\d{10}))?\.pt$")
+_TEMPORARY = re.compile(r"^\.(.+)\.[a-z0-9_]+\.tmp$")
+"""`atomic.write_atomic`'s temporary file for the name in the group: `.NAME.XXXXXXXX.tmp` (mkstemp)."""
 _END_OF_EPOCH = 1 << 62
 """Sort key step of an old `epoch-EEEEEE.pt`: it was written at the end of its epoch."""
 
@@ -93,11 +103,35 @@ def newest_first(names: Iterable[str]) -> list[tuple[CheckpointKey, str]]:
     return sorted(found, reverse=True)
 
 
-def prunable(names: Iterable[str], attempt: int, keep: int) -> list[str]:
-    """The checkpoints attempt `attempt`'s writer deletes to keep its `keep` newest: its own and older
-    attempts' only, never a newer attempt's, whose writer owns the directory now."""
-    mine_or_older = [name for key, name in newest_first(names) if key.attempt <= attempt]
-    return mine_or_older[keep:]
+def prunable(names: Iterable[str], attempt: int, keep: int, valid: Callable[[str], bool]) -> list[str]:
+    """The checkpoints attempt `attempt`'s writer deletes to keep its `keep` newest valid ones: its own and
+    older attempts' only, never a newer attempt's, whose writer owns the directory now.
+
+    An invalid checkpoint (`valid(name)` false: no digest, or one that does not match) takes no place and
+    is deleted: counted, a broken file that sorts newest would make every new checkpoint delete itself and
+    the valid one before it. `valid` is asked only until `keep` valid ones are found; what sorts after
+    them goes either way.
+    """
+    kept = 0
+    doomed = []
+    for key, name in newest_first(names):
+        if key.attempt > attempt:
+            continue
+        if kept < keep and valid(name):
+            kept += 1
+        else:
+            doomed.append(name)
+    return doomed
+
+
+def leftover_attempt(name: str) -> int | None:
+    """The attempt whose write left `name` behind if it is a checkpoint's or digest's temporary file, a
+    digest's or a checkpoint's name; None for anything else."""
+    temporary = _TEMPORARY.match(name)
+    if temporary is not None:
+        name = temporary.group(1)
+    key = parse_name(name.removesuffix(".sha256"))
+    return key.attempt if key is not None else None
 
 
 def newer_attempts(names: Iterable[str], attempt: int) -> list[str]:
@@ -136,6 +170,9 @@ class Checkpointer:
         self.job_uid = job_uid
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future[None] | None = None
+        self._checked: dict[str, tuple[int, int, int, str]] = {}
+        """Pruning's memory of the checkpoints it found valid, by name: (inode, size, mtime, digest), so
+        each is hashed once per process, not at every save."""
 
     def path_for(self, epoch: int, step: int) -> Path:
         """Where this attempt's checkpoint after `step` optimizer steps, the last in `epoch` (1-based), is."""
@@ -215,13 +252,69 @@ class Checkpointer:
             pending.result()
 
     def _write(self, path: Path, blob: dict[str, Any]) -> None:
-        atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
-        atomic.write_text_atomic(_digest_path(path), _sha256(path) + "\n")
+        try:
+            atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
+            digest = _sha256(path)
+            atomic.write_text_atomic(_digest_path(path), digest + "\n")
+            stat = path.stat()
+        except OSError:
+            # A newer attempt's `clean_up` removes an older attempt's temporary files: this process was
+            # replaced, which is what it must report, not the missing file.
+            self.ensure_current()
+            raise
+        self._checked[path.name] = (stat.st_ino, stat.st_size, stat.st_mtime_ns, digest)
         self.ensure_current()  # a newer attempt may have started while this one was writing: delete nothing
-        for name in prunable(self._names(), self.attempt, self.keep):
+        for name in prunable(self._names(), self.attempt, self.keep, self._valid_for_pruning):
             old = self.directory / name
-            _digest_path(old).unlink(missing_ok=True)
-            old.unlink(missing_ok=True)
+            _digest_path(old).unlink(missing_ok=True)  # the commit record first: a kill here leaves no
+            old.unlink(missing_ok=True)  # file that looks committed and is not
+
+    def _valid_for_pruning(self, name: str) -> bool:
+        """`is_valid`, remembered: a checkpoint is replaced under its name, never changed in place."""
+        path = self.directory / name
+        try:
+            stat = path.stat()
+            digest = _digest_path(path).read_text(encoding="utf-8").strip()
+        except OSError:
+            return False
+        seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns, digest)
+        if self._checked.get(name) == seen:
+            return True
+        if self._invalid(path) is not None:
+            return False
+        self._checked[name] = seen
+        return True
+
+    def clean_up(self) -> list[str]:
+        """Delete what writes killed midway left here, of this attempt and older ones; the names deleted.
+
+        That is temporary files (`.NAME.XXXXXXXX.tmp`), checkpoints without a digest (never committed: see
+        the module's docstring) and digests without a checkpoint. Called at start, before this process
+        writes anything, so none of its own writes is in flight. A newer attempt's files are never touched:
+        its writer may be live, between its two renames. An older attempt's writer left running may lose
+        the write it has in flight, which costs the live attempt nothing: that writer learns at its next
+        save that it was replaced (`_write`).
+        """
+        names = set(self._names())
+        removed = []
+        for name in sorted(names):
+            attempt = leftover_attempt(name)
+            if attempt is None or attempt > self.attempt:
+                continue
+            orphan_digest = name.endswith(".sha256") and name.removesuffix(".sha256") not in names
+            uncommitted = parse_name(name) is not None and f"{name}.sha256" not in names
+            if _TEMPORARY.match(name) or orphan_digest or uncommitted:
+                (self.directory / name).unlink(missing_ok=True)
+                removed.append(name)
+        if removed:
+            log.warning(
+                "removed %d files that writes killed midway left in %s (a checkpoint without its digest was "
+                "never committed; resume uses the newest committed one): %s",
+                len(removed),
+                self.directory,
+                ", ".join(removed),
+            )
+        return removed
 
     def adopt(self, path: Path) -> Path:
         """Make `path`, the checkpoint this attempt resumes from, this attempt's own; the path to load.
@@ -257,21 +350,43 @@ class Checkpointer:
 
     def is_valid(self, path: Path) -> bool:
         """Whether `path` has a digest file that matches its content."""
+        return self._invalid(path) is None
+
+    def _invalid(self, path: Path) -> str | None:
+        """What is wrong with `path` as a checkpoint, or None when its digest matches its content."""
         try:
             expected = _digest_path(path).read_text(encoding="utf-8").strip()
         except OSError:
-            return False
-        return expected == _sha256(path)
+            return "incomplete or corrupt (it has no digest)"
+        try:
+            actual = _sha256(path)
+        except OSError as error:  # deleted meanwhile by its writer's pruning, or unreadable
+            return f"unreadable ({error.strerror})"
+        return None if expected == actual else "corrupt (its digest does not match)"
 
     def newest_valid(self) -> Path | None:
-        """The newest checkpoint whose digest matches; each invalid newer one is reported as a warning."""
+        """The newest checkpoint whose digest matches; each invalid newer one is reported as a warning that
+        names the one used instead, or says that none is left."""
+        passed_over: list[tuple[CheckpointKey, Path, str]] = []
         for key, path in self.candidates():
-            if self.is_valid(path):
+            why = self._invalid(path)
+            if why is None:
+                for old_key, old, old_why in passed_over:
+                    log.warning(
+                        "checkpoint %s (epoch %d) is %s; the newest valid one is %s",
+                        old,
+                        old_key.epoch,
+                        old_why,
+                        path.name,
+                    )
                 return path
+            passed_over.append((key, path, why))
+        for old_key, old, old_why in passed_over:
             log.warning(
-                "checkpoint %s (epoch %d) is corrupt or incomplete; falling back to an older one",
-                path,
-                key.epoch,
+                "checkpoint %s (epoch %d) is %s, and no valid checkpoint is left to resume",
+                old,
+                old_key.epoch,
+                old_why,
             )
         return None
 

@@ -94,13 +94,15 @@ class CheckpointManager:
     def find_resumable(self, epochs: int) -> Path | None:
         """Rank 0's choice: the newest valid checkpoint if this job and config wrote it, else a fresh start.
 
-        The directory is keyed by the job's name, which a new TrainingJob may reuse; another job's (or
-        config's) checkpoints are deleted so that later restarts of this job never pick them up. An older
-        attempt's checkpoint is first made this attempt's own (`Checkpointer.adopt`), and that is the path
-        every rank loads. Raises `SupersededError` when a newer attempt of this job has written one: this
-        process was replaced, and must neither resume nor delete anything.
+        What writes killed midway left (temporary files, checkpoints without a digest) is deleted first
+        (`Checkpointer.clean_up`). The directory is keyed by the job's name, which a new TrainingJob may
+        reuse; another job's (or config's) checkpoints are deleted so that later restarts of this job never
+        pick them up. An older attempt's checkpoint is first made this attempt's own (`Checkpointer.adopt`),
+        and that is the path every rank loads. Raises `SupersededError` when a newer attempt of this job
+        has written one: this process was replaced, and must neither resume nor delete anything.
         """
         self.checkpointer.ensure_current()
+        self.checkpointer.clean_up()
         path = self.checkpointer.newest_valid()
         if path is None:
             return None
