@@ -4,6 +4,7 @@ deletes another job's, and records a partial epoch's totals with a mid-epoch che
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -64,3 +65,40 @@ def test_a_mid_epoch_save_records_the_partial_epoch_totals(tmp_path: Path) -> No
 def test_checkpoints_are_due_every_configured_number_of_steps(tmp_path: Path) -> None:
     manager = _manager(tmp_path)
     assert [step for step in range(1, 10) if manager.due(step)] == [4, 8]
+
+
+def _older_shape(
+    manager: CheckpointManager, *, lacks: tuple[str, ...] = (), had: dict[str, Any] | None = None
+) -> None:
+    """Make `manager` write checkpoints as an older trainer did: its config identity without the fields
+    `lacks` (added since) and with `had` (fields that have since become free to change)."""
+    config = manager.identity["config"]
+    for key in lacks:
+        del config[key]
+    config.update(had or {})
+
+
+def test_a_checkpoint_written_before_config_fields_existed_is_resumed_not_deleted(tmp_path: Path) -> None:
+    """Issue 26, defect 7: an upgrade that adds config fields (here `flip` and `crop_padding`, which older
+    trainers lacked and ran as their defaults do) or makes one free to change (`precision`) keeps the
+    checkpoints."""
+    older = _manager(tmp_path)
+    _older_shape(older, lacks=("flip", "crop_padding"), had={"precision": "fp32"})
+    older.save(_state(0.5, epoch=1, step=10))
+    older.wait()
+    manager = _manager(tmp_path)
+    path = manager.find_resumable(CONFIG.epochs)
+    assert path is not None and path.name == "attempt-0000-epoch-000001-step-0000000010.pt"
+    assert [p.name for _, p in manager.checkpointer.candidates()] == [path.name]
+
+
+def test_a_new_field_set_to_other_than_its_default_still_starts_fresh(tmp_path: Path) -> None:
+    older = _manager(tmp_path)
+    _older_shape(older, lacks=("flip",))
+    older.save(_state(0.5, epoch=1, step=10))
+    older.wait()
+    config = CONFIG.model_copy(update={"flip": "alternating"})
+    identity = run_identity(config, WorldEnv(), "uid-1", ["cat", "dog"], global_batch=8)
+    manager = CheckpointManager.for_run(config, WorldEnv(), torch.device("cpu"), tmp_path, identity)
+    assert manager.find_resumable(CONFIG.epochs) is None
+    assert manager.checkpointer.candidates() == []

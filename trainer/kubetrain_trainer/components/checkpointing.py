@@ -33,6 +33,19 @@ from kubetrain_trainer.failures import SupersededError
 log = logging.getLogger(__name__)
 
 
+def saved_identity(saved_config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's `config` identity as this trainer's config shape reads it, to compare with the run's.
+
+    A field the checkpoint lacks was added since it was written; the trainer that wrote it ran as the
+    field's default does (that is what a new field's default must mean), so it counts as the default.
+    A field that has since become free to change (`config.RESUME_NEUTRAL_FIELDS`) is dropped. Without
+    this, an upgrade that adds a field would find every checkpoint changed and delete them all.
+    """
+    defaults = config_module.resume_identity(TrainerConfig())
+    filled = {**defaults, **saved_config}
+    return {key: value for key, value in filled.items() if key not in config_module.RESUME_NEUTRAL_FIELDS}
+
+
 def run_identity(
     config: TrainerConfig, world: WorldEnv, job_uid: str, classes: list[str], global_batch: int
 ) -> dict[str, Any]:
@@ -97,16 +110,20 @@ class CheckpointManager:
         What writes killed midway left (temporary files, checkpoints without a digest) is deleted first
         (`Checkpointer.clean_up`). The directory is keyed by the job's name, which a new TrainingJob may
         reuse; another job's (or config's) checkpoints are deleted so that later restarts of this job never
-        pick them up. An older attempt's checkpoint is first made this attempt's own (`Checkpointer.adopt`),
-        and that is the path every rank loads. Raises `SupersededError` when a newer attempt of this job
-        has written one: this process was replaced, and must neither resume nor delete anything.
+        pick them up; the config is compared as this trainer reads it (`saved_identity`), so fields added
+        since the checkpoint was written count as their defaults. An older attempt's checkpoint is first
+        made this attempt's own (`Checkpointer.adopt`), and that is the path every rank loads. Raises
+        `SupersededError` when a newer attempt of this job has written one: this process was replaced, and
+        must neither resume nor delete anything.
         """
         self.checkpointer.ensure_current()
         self.checkpointer.clean_up()
         path = self.checkpointer.newest_valid()
         if path is None:
             return None
-        why = checkpoints.resume_mismatch(self.checkpointer.read_header(path), self.identity, epochs)
+        header = self.checkpointer.read_header(path)
+        header["config"] = saved_identity(dict(header.get("config") or {}))
+        why = checkpoints.resume_mismatch(header, self.identity, epochs)
         if why is None:
             return self.checkpointer.adopt(path)
         removed = self.checkpointer.discard()
