@@ -1,4 +1,4 @@
-"""The Kueue suite's cluster-wide queueing setup, as the README describes it."""
+"""The Kueue suite's cluster-wide queueing setup, as docs/kueue.md describes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ QUOTA_CPUS = 4
 
 
 def kueue_setup() -> list[dict[str, Any]]:
-    """The cluster-wide half of the README's setup: a ResourceFlavor, a ClusterQueue that preempts lower
+    """The cluster-wide half of docs/kueue.md's setup: a ResourceFlavor, a ClusterQueue that preempts lower
     priorities, and a WorkloadPriorityClass for the jobs that preempt."""
     return [
         {

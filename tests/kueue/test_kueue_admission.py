@@ -210,7 +210,7 @@ def test_suspending_a_running_queued_job_gives_its_quota_to_the_next_and_resumin
 
 
 def test_the_example_queue_setup_and_trainingjob_are_accepted_by_kueue(jobs: Jobs) -> None:
-    """examples/kueue/queues.yaml (what the README tells users to apply) passes Kueue's webhooks and CRD
+    """examples/kueue/queues.yaml (what docs/kueue.md tells users to apply) passes Kueue's webhooks and CRD
     validation, and the queued example TrainingJob passes ours."""
     examples = Path(__file__).resolve().parents[2] / "examples"
     for path in (examples / "kueue" / "queues.yaml", examples / "suspend-resume-queue.yaml"):

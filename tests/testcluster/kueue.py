@@ -6,7 +6,7 @@ certificates for a Service DNS name the API server cannot reach here). Kueue's o
 configurations are registered pointing at that address, so the API server runs Kueue's defaulting and
 validation on Workloads, queues and Jobs exactly as in a cluster (only the webhooks of the kinds enabled
 here: Kueue's objects and batch Jobs). TrainingJob is listed in integrations.externalFrameworks, as the
-README tells users to do.
+docs/kueue.md tells users to do.
 
 One wrinkle: without internal cert management Kueue reads its metrics server's pair from the fixed path
 /etc/kueue/metrics/certs even when metrics are off; any pair will do, so one is written there once.
