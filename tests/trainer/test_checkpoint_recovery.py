@@ -213,3 +213,21 @@ def test_an_old_writer_whose_write_a_newer_attempt_cleaned_up_stops_as_replaced(
     with pytest.raises(SupersededError, match="a newer attempt has taken over"):
         _save(old, 1, 8)
     assert _files(tmp_path) == [A1_S4, A1_S4 + ".sha256"]
+
+
+def test_pruning_hashes_each_checkpoint_once_not_at_every_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting only valid checkpoints must not re-read the kept ones at every save (large models)."""
+    hashed = []
+    real_sha256 = checkpoints._sha256
+
+    def counting_sha256(path: Path) -> str:
+        hashed.append(path.name)
+        return real_sha256(path)
+
+    monkeypatch.setattr(checkpoints, "_sha256", counting_sha256)
+    writer = Checkpointer(tmp_path, keep=3)
+    for step in range(1, 6):
+        _save(writer, 1, step)
+    assert hashed == [checkpoints.checkpoint_name(0, 1, step) for step in range(1, 6)]

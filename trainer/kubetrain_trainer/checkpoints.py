@@ -268,6 +268,7 @@ class Checkpointer:
             old = self.directory / name
             _digest_path(old).unlink(missing_ok=True)  # the commit record first: a kill here leaves no
             old.unlink(missing_ok=True)  # file that looks committed and is not
+            self._checked.pop(name, None)
 
     def _valid_for_pruning(self, name: str) -> bool:
         """`is_valid`, remembered: a checkpoint is replaced under its name, never changed in place."""
