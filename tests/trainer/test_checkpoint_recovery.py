@@ -106,7 +106,9 @@ def test_the_resume_warning_names_the_fallback_or_says_there_is_none(
     )
 
 
-def test_start_removes_this_and_older_attempts_leftovers_and_nothing_else(tmp_path: Path) -> None:
+def test_start_removes_this_and_older_attempts_leftovers_and_nothing_else(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """What kills leave: temporary files, a checkpoint without its digest, a digest without its checkpoint.
     Those of this attempt and older ones go; a newer attempt's (whose writer may be live) and anything
     that is not a checkpoint's stay."""
@@ -127,7 +129,10 @@ def test_start_removes_this_and_older_attempts_leftovers_and_nothing_else(tmp_pa
     ]
     for name in leftovers + kept:
         (tmp_path / name).write_bytes(b"torn")
-    assert writer.clean_up() == sorted(leftovers)
+    with caplog.at_level(logging.WARNING):
+        assert writer.clean_up() == sorted(leftovers)
+    assert f"removed 5 files that writes killed midway left in {tmp_path}" in caplog.text
+    assert "resume uses" not in caplog.text  # it promises no checkpoint, which there may not be
     assert _files(tmp_path) == sorted([valid.name, valid.name + ".sha256", *kept])
 
 

@@ -310,7 +310,7 @@ class Checkpointer:
         if removed:
             log.warning(
                 "removed %d files that writes killed midway left in %s (a checkpoint without its digest was "
-                "never committed; resume uses the newest committed one): %s",
+                "never committed, and is never resumed): %s",
                 len(removed),
                 self.directory,
                 ", ".join(removed),
