@@ -21,7 +21,7 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
 control_plane_only=0
 if [ "${1:-}" = "--control-plane-only" ]; then
-  [ -n "${2:-}" ] || { echo "usage: $0 --control-plane-only VERSION (e.g. v1.32.13)" >&2; exit 2; }
+  [ -n "${2:-}" ] || { echo "usage: $0 --control-plane-only VERSION (e.g. v1.32.5)" >&2; exit 2; }
   control_plane_only=1
   K8S_VERSION=$2
   key="control-plane-${K8S_VERSION}"
@@ -86,7 +86,15 @@ build_kubernetes() {
   for b in $K8S_BINARIES; do
     have "$b" && continue
     log "kubernetes: building $b (cold: several minutes each on 2 cores)"
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$out/$b.tmp" "$out/$b")
+    # The module proxy now and then refuses one download (403 "not available") and serves it on the next
+    # try; a cold build fetches hundreds, so it tries three times before giving up.
+    local try
+    for try in 1 2 3; do
+      (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b") && break
+      [ "$try" = 3 ] && return 1
+      log "kubernetes: $b failed (try $try of 3); trying again in 10 s"; sleep 10
+    done
+    mv "$out/$b.tmp" "$out/$b"
     log "kubernetes: $b done"
   done
 }

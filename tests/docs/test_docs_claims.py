@@ -20,6 +20,7 @@ import yaml
 from kubetrain_operator import api, cli
 from kubetrain_operator.planning import builders
 from kubetrain_operator.runtime import main
+from testcluster import binaries
 
 pytestmark = pytest.mark.unit
 
@@ -311,3 +312,16 @@ def test_the_readme_gives_no_timing_of_its_own() -> None:
         if TIMING.search(line) and not re.search(r"timeout|default|within|every|after|seconds", line)
     ]
     assert not timings, f"the README quotes measured times; move them to docs/performance.md: {timings}"
+
+
+def test_the_readme_versions_table_names_the_versions_the_chart_declares_and_the_suite_runs() -> None:
+    """The table's oldest tested version, its newest, and the kubeVersion line come from the suite's own
+    constants and Chart.yaml, so a version bump that forgets the README fails here."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("### Supported Kubernetes versions\n", 1)[1].split("\n## ", 1)[0]
+    declared = yaml.safe_load((REPO_ROOT / "charts" / "kubetrain" / "Chart.yaml").read_text())["kubeVersion"]
+    assert f'`kubeVersion: "{declared}"`' in section, section
+    assert f"the oldest, {binaries.OLDEST_KUBERNETES_VERSION}, is tested" in section, section
+    assert f"the whole suite runs on it ({binaries.KUBERNETES_VERSION})" in section, section
+    oldest_minor = ".".join(binaries.OLDEST_KUBERNETES_VERSION.lstrip("v").split(".")[:2])
+    assert declared == f">={oldest_minor}.0-0", declared
