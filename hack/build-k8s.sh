@@ -21,7 +21,7 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 CACHE_ROOT=${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}
 control_plane_only=0
 if [ "${1:-}" = "--control-plane-only" ]; then
-  [ -n "${2:-}" ] || { echo "usage: $0 --control-plane-only VERSION (e.g. v1.32.5)" >&2; exit 2; }
+  [ -n "${2:-}" ] || { echo "usage: $0 --control-plane-only VERSION (e.g. v1.32.9)" >&2; exit 2; }
   control_plane_only=1
   K8S_VERSION=$2
   key="control-plane-${K8S_VERSION}"

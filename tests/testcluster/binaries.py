@@ -16,7 +16,7 @@ CACHE_ROOT = Path(os.environ.get("KUBETRAIN_CACHE", Path.home() / ".cache" / "ku
 KUBERNETES_VERSION = "v1.37.2"
 """The Kubernetes the suite's clusters run (hack/build-k8s.sh builds it by default; a test holds the two
 equal), and the version offline chart renders (`helm template --kube-version`) stand for."""
-OLDEST_KUBERNETES_VERSION = "v1.32.5"
+OLDEST_KUBERNETES_VERSION = "v1.32.9"
 """The oldest Kubernetes the chart declares (Chart.yaml's kubeVersion, a test holds the minor equal):
 the refusal table, a chart install and a TrainingJob's lifecycle also run on its control plane. 1.32 is
 the first whose CRD validation offers CEL's format library (introduced in 1.31, and new CRD rules may use
