@@ -20,7 +20,7 @@ from typing import Any
 from kubetrain_trainer import config_loading, contract, distributed, logging_setup, termination
 from kubetrain_trainer.config import TEST_TIME_VIEWS
 from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES, ExitCode
-from kubetrain_trainer.failures import ConfigError, TrainerError, classify
+from kubetrain_trainer.failures import ConfigError, PeerLostError, TrainerError, classify
 
 log = logging.getLogger("kubetrain_trainer")
 
@@ -151,6 +151,10 @@ def _stop_a_restarting_agent(code: ExitCode) -> None:
 
 
 def _report_failure(error: BaseException) -> int:
+    failure = distributed.peer_failure()
+    if failure is not None and classify(error) in {ExitCode.UNEXPECTED_ERROR, ExitCode.PEER_LOST}:
+        # What the aborted group raised here only echoes the other rank's failure: name that one.
+        error = PeerLostError(f"{failure} (this rank left the group: {type(error).__name__}: {error})")
     code = classify(error)
     _record_exit(code, str(error) or type(error).__name__)
     _stop_a_restarting_agent(code)
@@ -194,6 +198,10 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             log.info("done (no validation split), artifacts in %s", result.job_dir)
         return 0
+    except BaseException as error:
+        # Before leaving the group: the other ranks may be waiting for this one in a collective.
+        distributed.announce_failure(f"{type(error).__name__}: {error}")
+        raise
     finally:
         distributed.destroy_process_group()
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kubetrain_trainer import contract
 from kubetrain_trainer.failures import ConfigError, RendezvousTimeoutError
+from kubetrain_trainer.peer_failure import PeerFailureWatch
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,9 @@ T = TypeVar("T")
 
 _CONNECT_ATTEMPT_SECONDS = 2.0
 """Each connection attempt to the master waits this long: a master appearing late is seen within seconds."""
+
+_watch: PeerFailureWatch | None = None
+"""This process's watch for another rank's failure while it is in a group (`peer_failure`)."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,7 @@ def init_process_group(
             world.world_size,
             backend,
         )
+        _start_watch(world)
         return
     store = connect_store(world, rendezvous_timeout_seconds)
     store.set_timeout(timedelta(seconds=rendezvous_timeout_seconds))
@@ -248,12 +253,39 @@ def init_process_group(
             f"{world.world_size}) processes joined at {world.master_addr}:{world.master_port} ({error})"
         ) from error
     log.info("joined process group: rank %d of %d, backend %s", world.rank, world.world_size, backend)
+    _start_watch(world)
+
+
+def _start_watch(world: WorldEnv) -> None:
+    """Watch the group's store for another rank's failure (`peer_failure`); a store that cannot be watched
+    leaves the group as it was before the watch existed, with a warning."""
+    global _watch  # noqa: PLW0603 - one watch per process, like the default process group it belongs to
+    from torch.distributed import distributed_c10d
+
+    try:
+        _watch = PeerFailureWatch(world.rank, distributed_c10d._get_default_store())
+    except Exception as error:
+        log.warning("not watching for other ranks' failures: %s", error)
+
+
+def announce_failure(reason: str) -> None:
+    """Tell the other ranks that this one failed, so they leave the group at once (`peer_failure`); nothing
+    outside a group."""
+    if _watch is not None:
+        _watch.announce(reason)
+
+
+def peer_failure() -> str | None:
+    """Another rank's announced failure, when this rank left the group because of it."""
+    return _watch.failure if _watch is not None else None
 
 
 def destroy_process_group() -> None:
     """Leave the group if one exists; called on every exit path so sockets and NCCL state are freed."""
     import torch.distributed as dist
 
+    if _watch is not None:
+        _watch.stop()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

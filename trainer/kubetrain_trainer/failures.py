@@ -33,6 +33,13 @@ class RendezvousTimeoutError(TrainerError):
     exit_code = ExitCode.RENDEZVOUS_TIMEOUT
 
 
+class PeerLostError(TrainerError):
+    """Another rank failed and said so (`peer_failure`): this one left the group instead of waiting for it
+    in a collective; retryable."""
+
+    exit_code = ExitCode.PEER_LOST
+
+
 class SupersededError(TrainerError):
     """A newer restart attempt of this TrainingJob has written a checkpoint: this process is a leftover of
     an attempt the operator replaced (say on a node cut off from the API server) and stops, as if it had
