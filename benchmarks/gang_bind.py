@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from kubetrain_operator.api import constants  # noqa: E402
 from operator_scale import TJ_PATH, Api, Operator, machine  # noqa: E402
 from testcluster.cluster import Cluster, start_cluster  # noqa: E402
-from testcluster.manifests import trainingjob  # noqa: E402
+from testcluster.manifests import bare_podgroup_crd, trainingjob  # noqa: E402
 from testcluster.operator_process import install_crd  # noqa: E402
 
 GANG_APIS = {
@@ -203,32 +203,7 @@ def bind_latency(
 
 def install_gang_crds(cluster: Cluster) -> None:
     """Bare PodGroup CRDs for Volcano and scheduler-plugins: any object is stored, nothing acts on it."""
-    crds = [
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"podgroups.{group}"},
-            "spec": {
-                "group": group,
-                "scope": "Namespaced",
-                "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
-                "versions": [
-                    {
-                        "name": version,
-                        "served": True,
-                        "storage": True,
-                        "schema": {
-                            "openAPIV3Schema": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            }
-                        },
-                    }
-                ],
-            },
-        }
-        for group, version in GANG_APIS.values()
-    ]
+    crds = [bare_podgroup_crd(group, version) for group, version in GANG_APIS.values()]
     cluster.apply(crds)
     cluster.kubectl(
         "wait", "--for=condition=Established", *(f"crd/podgroups.{g}" for g, _ in GANG_APIS.values())

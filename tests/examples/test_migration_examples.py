@@ -25,6 +25,7 @@ import yaml
 from kubetrain_operator import api
 from testcluster import kueue
 from testcluster.cluster import Cluster, start_cluster
+from testcluster.manifests import bare_podgroup_crd
 from testcluster.operator_process import OperatorProcess, install_crd
 from testcluster.waiting import wait_for
 
@@ -58,30 +59,6 @@ def test_the_guide_shows_each_translation_exactly_as_the_file_the_tests_apply(pa
 @pytest.mark.parametrize("path", TRANSLATIONS, ids=lambda p: p.name)
 def test_each_translation_validates_against_the_models(path: Path) -> None:
     api.TrainingJob.model_validate(yaml.safe_load(path.read_text()))
-
-
-def _bare_podgroup_crd(group: str, version: str) -> dict[str, Any]:
-    """A PodGroup kind that stores any object: the operator's side of Volcano needs only the API."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"podgroups.{group}"},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],
-        },
-    }
 
 
 def _queueing() -> list[dict[str, Any]]:
@@ -128,7 +105,7 @@ def migration_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         running.add_nodes(4, prefix="gpu-a100", labels=A100)
         running.add_nodes(4, prefix="gpu")
         install_crd(running)
-        running.apply(_bare_podgroup_crd("scheduling.volcano.sh", "v1beta1"))
+        running.apply(bare_podgroup_crd("scheduling.volcano.sh", "v1beta1"))
         running.kubectl("wait", "--for=condition=Established", "crd/podgroups.scheduling.volcano.sh")
         with kueue.running_kueue(running, Path(tmp_path_factory.mktemp("kueue"))):
             running.apply(_queueing())

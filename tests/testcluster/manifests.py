@@ -177,3 +177,28 @@ def accepted_trainingjobs() -> list[dict[str, Any]]:
         }
         for name, spec in (("every-field", full), ("image-by-digest", digest))
     ]
+
+
+def bare_podgroup_crd(group: str, version: str) -> dict[str, Any]:
+    """A PodGroup CRD of `group` (Volcano's or scheduler-plugins') that stores any object: the operator's
+    side of a gang scheduler needs only its API; nothing acts on the objects."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"podgroups.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
