@@ -31,6 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest turns KeyboardInterrupt into an orderly shutdown that runs fixture teardown; a plain
     # SIGTERM (CI timeouts, `kill`) would otherwise skip it and leave the cluster's processes behind.
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an ignored signal
+    # stays ignored in every child across exec: the tests that press Ctrl-C on a kubetrain command would
+    # find it deaf. A handled signal is reset to its default at exec, so handling it here gives each child
+    # the SIGINT a terminal gives it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)
