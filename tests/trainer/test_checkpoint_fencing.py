@@ -22,7 +22,14 @@ from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.exit_codes import ExitCode
 from kubetrain_trainer.failures import SupersededError
-from trainer_helpers import kubetrain, start_ranks, trainer_env, wait_all
+from trainer_helpers import (
+    constant_linear,
+    kubetrain,
+    save_step_checkpoint,
+    start_ranks,
+    trainer_env,
+    wait_all,
+)
 
 A0_E1_S8 = "attempt-0000-epoch-000001-step-0000000008.pt"
 A0_E2_S20 = "attempt-0000-epoch-000002-step-0000000020.pt"
@@ -102,16 +109,6 @@ def test_a_newer_attempt_is_told_by_the_names_alone(attempt: int, newer: list[st
     assert checkpoints.newer_attempts(names, attempt) == newer
 
 
-def _model(value: float) -> torch.nn.Linear:
-    model = torch.nn.Linear(2, 2)
-    torch.nn.init.constant_(model.weight, value)
-    return model
-
-
-def _save(writer: Checkpointer, epoch: int, step: int) -> Path:
-    return writer.save(epoch, step, {"model": _model(float(step))}, {})
-
-
 def _digests(directory: Path, prefix: str) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(directory.glob(f"{prefix}*.pt.sha256"))}
 
@@ -119,26 +116,26 @@ def _digests(directory: Path, prefix: str) -> dict[str, str]:
 @pytest.mark.unit
 def test_two_writers_in_one_directory_the_old_one_stops_and_the_live_lineage_resumes(tmp_path: Path) -> None:
     old = Checkpointer(tmp_path, keep=2, attempt=0)
-    _save(old, 1, 2)
-    _save(old, 1, 4)
+    save_step_checkpoint(old, 1, 2)
+    save_step_checkpoint(old, 1, 4)
     live = Checkpointer(tmp_path, keep=3, attempt=1)  # its two and the old writer's newest
     resumed_from = live.newest_valid()
     assert resumed_from is not None and resumed_from.name == "attempt-0000-epoch-000001-step-0000000004.pt"
     # The old writer saves once more before the live attempt has made its choice its own...
-    _save(old, 1, 6)
+    save_step_checkpoint(old, 1, 6)
     adopted = live.adopt(resumed_from)
     assert adopted.name == "attempt-0001-epoch-000001-step-0000000004.pt" and live.is_valid(adopted)
     assert adopted.samefile(resumed_from)  # a hard link (tmp_path's volume has them): no copy
     # ...and is stopped at its next one, which writes nothing.
     with pytest.raises(SupersededError) as stopped:
-        _save(old, 2, 8)
+        save_step_checkpoint(old, 2, 8)
     assert str(stopped.value).startswith(
         f"checkpoint {adopted.name} in {tmp_path} was written by restart attempt 1 of this job and this "
         "process is attempt 0: a newer attempt has taken over"
     )
     assert stopped.value.exit_code == ExitCode.INTERRUPTED
     assert not (tmp_path / "attempt-0000-epoch-000002-step-0000000008.pt").exists()
-    _save(live, 1, 5)
+    save_step_checkpoint(live, 1, 5)
     live_files = _digests(tmp_path, "attempt-0001-")
     assert list(live_files) == [
         adopted.name + ".sha256",
@@ -159,7 +156,7 @@ def test_two_writers_in_one_directory_the_old_one_stops_and_the_live_lineage_res
 @pytest.mark.unit
 def test_an_adopted_old_epoch_only_checkpoint_still_ends_its_epoch(tmp_path: Path) -> None:
     old = tmp_path / OLD_E3
-    torch.save({"epoch": 3, "model": _model(3.0).state_dict()}, old)
+    torch.save({"epoch": 3, "model": constant_linear(3.0).state_dict()}, old)
     old.with_name(old.name + ".sha256").write_text(checkpoints._sha256(old) + "\n")
     adopted = Checkpointer(tmp_path, keep=2, attempt=4).adopt(old)
     assert adopted.name == "attempt-0004-epoch-000003.pt"
@@ -172,7 +169,7 @@ def test_an_adopted_old_epoch_only_checkpoint_still_ends_its_epoch(tmp_path: Pat
 def test_where_the_volume_has_no_hard_links_the_adopted_checkpoint_is_a_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = _save(Checkpointer(tmp_path, keep=2, attempt=0), 1, 4)
+    source = save_step_checkpoint(Checkpointer(tmp_path, keep=2, attempt=0), 1, 4)
 
     def no_links(*_: object) -> None:
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")  # link(2) on such a volume
@@ -203,7 +200,7 @@ def _manager(
 
 
 def _state(step: int) -> CheckpointedState:
-    model = _model(float(step))
+    model = constant_linear(float(step))
     progress = TrainState(step=step, epoch_step=step)  # in the middle of epoch 1
     return CheckpointedState(model, torch.optim.SGD(model.parameters(), lr=0.1), None, progress)
 

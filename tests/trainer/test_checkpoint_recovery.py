@@ -16,6 +16,7 @@ from checkpoint_kill_worker import ADOPT_STEPS, SAVE_STEPS, resume, state
 from kubetrain_trainer import checkpoints
 from kubetrain_trainer.checkpoints import Checkpointer
 from kubetrain_trainer.failures import SupersededError
+from trainer_helpers import save_step_checkpoint
 
 pytestmark = pytest.mark.unit
 
@@ -26,16 +27,6 @@ A0_S20 = "attempt-0000-epoch-000002-step-0000000020.pt"
 A1_S4 = "attempt-0001-epoch-000001-step-0000000004.pt"
 A1_S10 = "attempt-0001-epoch-000001-step-0000000010.pt"
 A2_S16 = "attempt-0002-epoch-000002-step-0000000016.pt"
-
-
-def _model(value: float) -> torch.nn.Linear:
-    model = torch.nn.Linear(2, 2)
-    torch.nn.init.constant_(model.weight, value)
-    return model
-
-
-def _save(writer: Checkpointer, epoch: int, step: int) -> Path:
-    return writer.save(epoch, step, {"model": _model(float(step))}, {})
 
 
 def _digest(path: Path) -> Path:
@@ -71,14 +62,14 @@ def test_with_keep_1_a_new_checkpoint_survives_a_broken_newer_one(tmp_path: Path
     same attempt (a local run, torchrun's restart) and resumes the checkpoint before it; its next one
     must not be pruned for the broken one, which sorts newer."""
     first = Checkpointer(tmp_path, keep=1)
-    _save(first, 1, 8)
+    save_step_checkpoint(first, 1, 8)
     # What a kill between the two renames leaves: the next checkpoint without its digest, before pruning.
-    broken = _save(Checkpointer(tmp_path, keep=2), 2, 20)
+    broken = save_step_checkpoint(Checkpointer(tmp_path, keep=2), 2, 20)
     _digest(broken).unlink()
     restarted = Checkpointer(tmp_path, keep=1)
     resumed = restarted.newest_valid()
     assert resumed is not None and resumed.name == A0_S8
-    new = _save(restarted, 1, 12)
+    new = save_step_checkpoint(restarted, 1, 12)
     assert Checkpointer(tmp_path, keep=1).newest_valid() == new
     assert _files(tmp_path) == [A0_S12, A0_S12 + ".sha256"]
 
@@ -87,7 +78,7 @@ def test_the_resume_warning_names_the_fallback_or_says_there_is_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = Checkpointer(tmp_path, keep=3)
-    older, newest = _save(writer, 1, 8), _save(writer, 2, 20)
+    older, newest = save_step_checkpoint(writer, 1, 8), save_step_checkpoint(writer, 2, 20)
     _digest(newest).unlink()
     with caplog.at_level(logging.WARNING):
         assert writer.newest_valid() == older
@@ -113,7 +104,7 @@ def test_start_removes_this_and_older_attempts_leftovers_and_nothing_else(
     Those of this attempt and older ones go; a newer attempt's (whose writer may be live) and anything
     that is not a checkpoint's stay."""
     writer = Checkpointer(tmp_path, keep=3, attempt=1)
-    valid = _save(writer, 1, 10)
+    valid = save_step_checkpoint(writer, 1, 10)
     leftovers = [
         f".{A0_S8}.k2j3h4g5.tmp",  # a write killed before its rename
         f".{A1_S4}.sha256.a_b1c2d3.tmp",  # a digest killed before its rename
@@ -140,11 +131,11 @@ def test_an_old_attempts_writer_never_deletes_a_newer_attempts_files_in_flight(t
     """A writer left running from attempt 0 saves and prunes while attempt 1 is in the middle of its first
     write (its temporary file, then its checkpoint without a digest, torn so it is no evidence yet)."""
     old = Checkpointer(tmp_path, keep=1, attempt=0)
-    _save(old, 1, 8)
+    save_step_checkpoint(old, 1, 8)
     in_flight = [f".{A1_S10}.a1b2c3d4.tmp", A1_S10]
     for name in in_flight:
         (tmp_path / name).write_bytes(b"torn")
-    _save(old, 1, 12)
+    save_step_checkpoint(old, 1, 12)
     old.clean_up()
     assert _files(tmp_path) == sorted([A0_S12, A0_S12 + ".sha256", *in_flight])
 
@@ -211,12 +202,12 @@ def test_an_old_writer_whose_write_a_newer_attempt_cleaned_up_stops_as_replaced(
     def save_while_attempt_1_starts(obj: object, f: Path) -> None:
         real_save(obj, f)
         monkeypatch.setattr(torch, "save", real_save)
-        _save(live, 1, 4)
+        save_step_checkpoint(live, 1, 4)
         assert live.clean_up() == [f.name]
 
     monkeypatch.setattr(torch, "save", save_while_attempt_1_starts)
     with pytest.raises(SupersededError, match="a newer attempt has taken over"):
-        _save(old, 1, 8)
+        save_step_checkpoint(old, 1, 8)
     assert _files(tmp_path) == [A1_S4, A1_S4 + ".sha256"]
 
 
@@ -234,5 +225,5 @@ def test_pruning_hashes_each_checkpoint_once_not_at_every_save(
     monkeypatch.setattr(checkpoints, "_sha256", counting_sha256)
     writer = Checkpointer(tmp_path, keep=3)
     for step in range(1, 6):
-        _save(writer, 1, step)
+        save_step_checkpoint(writer, 1, step)
     assert hashed == [checkpoints.checkpoint_name(0, 1, step) for step in range(1, 6)]

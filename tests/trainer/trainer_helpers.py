@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+from kubetrain_trainer.checkpoints import Checkpointer
 from testcluster.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,3 +102,16 @@ def wait_all(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[t
                 proc.kill()
                 proc.wait()
     return results
+
+
+def constant_linear(value: float) -> torch.nn.Linear:
+    """A 2x2 linear model whose weights all equal `value`: a checkpoint of it says by its values alone
+    which one was loaded."""
+    model = torch.nn.Linear(2, 2)
+    torch.nn.init.constant_(model.weight, value)
+    return model
+
+
+def save_step_checkpoint(writer: Checkpointer, epoch: int, step: int) -> Path:
+    """Save a checkpoint whose model's weights equal `step`."""
+    return writer.save(epoch, step, {"model": constant_linear(float(step))}, {})
