@@ -46,6 +46,10 @@ Fail = Callable[[str, str, Worker | None], "plans.Plan"]
 """The planner's way to end the job Failed (status, event, cleanup), shared by both group kinds."""
 
 
+RESTART_WITH_A_NEW_STORE = "restarting the whole group with a new rendezvous store"
+"""How a lost rendezvous and a hung group are both ended: a fresh store cannot rebuild the old round."""
+
+
 def worker_attempts(status: Mapping[str, Any], workers: int) -> dict[int, int]:
     """The attempt of each wanted worker index's current Job. Kept as a list, which a status merge patch
     replaces whole (a map's removed keys would linger)."""
@@ -120,7 +124,7 @@ def decide_rendezvous_loss(
     pod disrupted, its Job deleted or gone) is a disruption restart; a store that failed by itself counts
     as restart `restarts + 1`. `store` is the store as read (None: its Job is missing), or, from `kubetrain
     run --local`, why it was lost."""
-    then = "restarting the whole group with a new rendezvous store"
+    then = RESTART_WITH_A_NEW_STORE
     if store is None or (isinstance(store, Worker) and (store.disruption or store.deleting)):
         lost = store or Worker(-1, 0, "missing")
         if store is None:
@@ -238,11 +242,13 @@ def _stalled(group: _Group) -> plans.Plan | None:
     collective holds every rank, so no one member can be replaced alone to free it."""
     if group.finished:
         return None
-    then = "restarting the whole group with a new rendezvous store"
-    decision = failure.decide_stall(group.spec, group.members, group.restarts, group.now, then)
+    decision = failure.decide_stall(
+        group.spec, group.members, group.restarts, group.now, RESTART_WITH_A_NEW_STORE
+    )
     if decision.action == "continue":
         return None
-    if decision.worker is not None and decision.action == "restart":
+    if decision.action == "restart":
+        assert decision.worker is not None
         group.status["lastFailure"] = steps.failure_record(
             decision.worker, decision.worker.attempt, decision.message
         )
