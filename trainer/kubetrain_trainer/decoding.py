@@ -10,23 +10,17 @@ as one uint8 array.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
-from kubetrain_trainer import preprocessing
+from kubetrain_trainer import cpu_budget, preprocessing
 from kubetrain_trainer.failures import DataError
 
 PARALLEL_FROM_FILES = 2000
 """Fewer files than this decode in the calling process: starting workers would cost more than it saves."""
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which container CPU sets restrict)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def decode_chunk(paths: list[Path], image_size: int) -> np.ndarray:
@@ -41,8 +35,9 @@ def decode_chunk(paths: list[Path], image_size: int) -> np.ndarray:
 
 
 def decode_files(paths: list[Path], image_size: int, workers: int | None = None) -> np.ndarray:
-    """Decode `paths` in order with `workers` processes (default: one per available core)."""
-    workers = workers or available_cores()
+    """Decode `paths` in order with `workers` processes (default: one per CPU the process may use, which a
+    container's CPU limit caps: more would only queue for the quota)."""
+    workers = workers or cpu_budget.usable_cpus()
     if workers <= 1 or len(paths) < PARALLEL_FROM_FILES:
         return decode_chunk(paths, image_size)
     per_chunk = -(-len(paths) // (4 * workers))  # a few chunks per worker even out slow ones

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from torch import nn
 
-from kubetrain_trainer import precision
+from kubetrain_trainer import cpu_budget, precision
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.failures import ConfigError
@@ -32,11 +31,11 @@ def select_device(config: TrainerConfig, world: WorldEnv) -> torch.device:
 
 
 def cpu_threads(config: TrainerConfig, world: WorldEnv) -> int:
-    """Intra-op threads for this process: the configured count, or the worker's cores split evenly."""
+    """Intra-op threads for this process: the configured count, or the CPUs the worker may use (its cgroup
+    CPU quota, else its cores) split evenly among its processes."""
     if config.cpu_threads:
         return config.cpu_threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // world.local_world_size)
+    return max(1, cpu_budget.usable_cpus() // world.local_world_size)
 
 
 def prepare(config: TrainerConfig, world: WorldEnv) -> tuple[torch.device, torch.dtype]:
@@ -45,7 +44,12 @@ def prepare(config: TrainerConfig, world: WorldEnv) -> tuple[torch.device, torch
     device = select_device(config, world)
     dtype = precision.compute_dtype(config.precision, device)
     if device.type == "cpu":
-        torch.set_num_threads(cpu_threads(config, world))
+        threads = cpu_threads(config, world)
+        torch.set_num_threads(threads)
+        if world.is_main:
+            log.info(
+                "%d intra-op threads per process (cpu_threads %s)", threads, config.cpu_threads or "auto"
+            )
         if dtype == torch.float32 and precision.cpu_has_amx() and world.is_main:
             log.info("this CPU has AMX: precision bf16 would train convolutions 2-3x faster than fp32")
     else:
