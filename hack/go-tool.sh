@@ -1,5 +1,5 @@
-# Sourced by hack/build-actionlint.sh and hack/build-promtool.sh: build one Go command from the Go module
-# proxy into a cache directory of its own, once per version.
+# Sourced by hack/build-actionlint.sh, hack/build-promtool.sh and hack/build-registry.sh: build one Go
+# command from the Go module proxy into a cache directory of its own, once per version.
 #
 #   build_go_tool NAME MODULE VERSION PACKAGE GO_VERSION [go build flags...]
 #
