@@ -263,8 +263,10 @@ class TrainerConfig(_Strict):
         0,
         ge=0,
         description=(
-            "cpu_threads is the number of intra-op threads per process on CPU; 0 divides the visible CPU "
-            "cores evenly among the LOCAL_WORLD_SIZE processes of a worker. Default 0."
+            "cpu_threads is the number of intra-op threads per process on CPU; 0 divides the CPUs the worker "
+            "may use evenly among its LOCAL_WORLD_SIZE processes: its CPU limit (resources.limits.cpu, "
+            "rounded up) when that is below its visible cores, else those cores (a CPU request alone sets no "
+            "limit). Default 0."
         ),
     )
     log_every_steps: int = Field(
