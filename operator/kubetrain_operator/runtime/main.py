@@ -26,7 +26,7 @@ from kubetrain_operator.planning import admission, gang, plans
 from kubetrain_operator.runtime import (
     discovery,
     events,
-    handlers,  # noqa: F401  (registers the kopf handlers)
+    handlers,  # registers the kopf handlers; configure gives kopf their storages
     health,
     informer,
     kube,
@@ -183,6 +183,9 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     options = _state["options"]
     # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
     settings.posting.level = logging.getLevelName(options.posting_level.upper())
+    # No change handlers, so nothing for kopf to diff or to record progress of (handlers' docstring).
+    settings.persistence.diffbase_storage = handlers.NoEssence()
+    settings.persistence.progress_storage = handlers.NoProgress()
     # List TrainingJobs in pages at startup (the informers page their listings too): an unpaginated list
     # is held whole while it is parsed and set the operator's peak memory.
     settings.watching.chunk_size = LIST_CHUNK
