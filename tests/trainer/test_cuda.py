@@ -129,3 +129,34 @@ def test_a_gpu_run_resumed_mid_epoch_ends_near_the_uninterrupted_weights(
     seed_gap = (_flat_weights(other_seed / "other") - reference).norm() / reference.norm()
     print(f"relative weight difference: resumed {resume_gap:.5f}, another seed {seed_gap:.5f}")
     assert resume_gap < 0.1 * seed_gap
+
+
+def test_batches_streamed_to_a_gpu_through_pinned_memory_are_those_of_the_device_copy(
+    sample_root: Path, tmp_path: Path
+) -> None:
+    """A set too big for the GPU is streamed: gathered and padded on the host, pinned, copied per step with
+    one prefetched, and cropped and flipped on the device by the same generators as the device copy."""
+    from kubetrain_trainer import batches, datasets
+    from kubetrain_trainer.preprocessing import Preprocessing
+
+    split = datasets.load_image_folder_split(
+        sample_root, 32, validation_fraction=0.1, cache="disk", cache_dir=str(tmp_path / "cache")
+    )
+    loaders = [
+        batches.BatchLoader(
+            split.train,
+            Preprocessing(32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+            batch_size=128,
+            rank=0,
+            world_size=1,
+            seed=3,
+            augment=True,
+            device=torch.device("cuda"),
+            resident=resident,
+        )
+        for resident in (True, False)
+    ]
+    for loader in loaders:
+        loader.set_epoch(2, start_step=4)
+    for (on_device, device_labels), (streamed, labels) in zip(*loaders, strict=True):
+        assert streamed.is_cuda and torch.equal(streamed, on_device) and torch.equal(labels, device_labels)

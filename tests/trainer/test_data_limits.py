@@ -52,27 +52,37 @@ def test_an_out_of_range_seed_flag_exits_2_naming_the_field() -> None:
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    ("data", "processes", "limit", "fits"),
+    ("data", "processes", "limit", "cache", "held"),
     [
-        ((50_000, 32, False), 1, 2 * GIB, True),
-        ((50_000, 32, True), 8, 8 * GIB, True),
-        ((50_000, 32, True), 8, 2 * GIB, False),  # padded copies for augment count too
-        ((1_000_000, 224, False), 1, 64 * GIB, False),  # 150 GB decoded, held twice
-        ((100_000, 224, False), 1, 64 * GIB, True),
-        ((100_000, 224, False), 4, 64 * GIB, False),  # every process of the worker holds its own copy
-        ((100_000, 224, False), 4, None, True),  # no known limit: nothing to refuse
+        ((50_000, 32, False), 1, 2 * GIB, "auto", "memory"),
+        ((50_000, 32, True), 8, 8 * GIB, "auto", "memory"),
+        ((50_000, 32, True), 8, 2 * GIB, "auto", "disk"),  # padded copies for augment count too
+        ((50_000, 32, True), 8, 2 * GIB, "memory", None),  # refused: memory was asked for
+        ((1_000_000, 224, False), 1, 64 * GIB, "auto", "disk"),  # 150 GB decoded
+        ((100_000, 224, False), 1, 64 * GIB, "auto", "memory"),
+        ((100_000, 224, False), 5, 64 * GIB, "auto", "disk"),  # every process of the worker holds a copy
+        ((100_000, 224, False), 5, None, "memory", "memory"),  # no known limit: nothing to refuse
+        ((1_000, 32, False), 1, 64 * GIB, "disk", "disk"),  # asked for
     ],
 )
-def test_a_data_set_fits_when_every_process_copy_fits_the_workers_memory(
-    data: tuple[int, int, bool], processes: int, limit: int | None, fits: bool
+def test_a_data_set_is_held_in_memory_when_every_process_copy_fits_the_workers_memory_else_on_disk(
+    data: tuple[int, int, bool], processes: int, limit: int | None, cache: str, held: str | None
 ) -> None:
     images, image_size, augment = data
-    budget = memory.DataBudget(limit, processes, image_size, augment)
-    if fits:
-        budget.check(images, "ImageFolder /data")
-    else:
+    budget = memory.DataBudget(limit, processes, image_size, augment, baseline_bytes=500 << 20)
+    if held is None:
         with pytest.raises(DataError, match=r"ImageFolder /data: \d+ images .* GiB"):
-            budget.check(images, "ImageFolder /data")
+            budget.choose(images, "ImageFolder /data", cache, streamable=True)
+    else:
+        assert budget.choose(images, "ImageFolder /data", cache, streamable=True) == held
+
+
+@pytest.mark.unit
+def test_a_set_that_cannot_be_streamed_is_refused_when_it_does_not_fit_memory() -> None:
+    """FakeData and torchvision's CIFAR-10 are held in memory only: auto cannot move them to disk."""
+    budget = memory.DataBudget(GIB, 1, 224, False)
+    with pytest.raises(DataError, match=r"FakeData: 100000 images of 3x224x224 .* data\.image_size"):
+        budget.choose(100_000, "FakeData", "auto", streamable=False)
 
 
 @pytest.mark.unit

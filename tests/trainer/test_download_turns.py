@@ -39,13 +39,14 @@ def _load_in_threads(
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=generator)
     data = LabeledImages(images, torch.arange(40) % 10, [f"c{i}" for i in range(10)])
+    split = datasets.SplitData(data, data.subset(torch.arange(0)), data.classes, None, mapped=False)
     spans: dict[int, tuple[float, float]] = {}
 
-    def load(_config: Any, _seed: int, _budget: Any = None) -> LabeledImages:
+    def load(_config: Any, _seed: int, _budget: Any = None) -> datasets.SplitData:
         started = time.monotonic()
         time.sleep(LOAD_SECONDS)
         spans[int(threading.current_thread().name)] = (started, time.monotonic())
-        return data
+        return split
 
     monkeypatch.setattr(datasets, "load", load)
     errors: list[BaseException] = []
@@ -92,9 +93,28 @@ def test_a_single_worker_loads_rank_0_first_then_its_other_processes(
     assert _before(spans, [0], [1, 2]), spans
 
 
-def test_data_that_is_never_downloaded_is_loaded_by_every_rank_at_once(
+def test_an_image_folder_is_loaded_in_turns_so_one_process_per_node_writes_its_decoded_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The decoded cache is written once per node: by rank 0 and each worker's first process, while the
+    others wait and then find it current (memory-mapped by all of them on the disk path)."""
     config = TrainerConfig(batch_size=4, data={"dataset": "imagefolder", "root": str(tmp_path)})
+    spans = _load_in_threads(monkeypatch, config, nodes=2, per_node=2)
+    assert _before(spans, [0], [1, 2, 3]), spans
+    assert _before(spans, [2], [1, 3]), spans
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"dataset": "imagefolder", "cache_decoded": False, "cache": "memory"},
+        {"dataset": "fake"},
+    ],
+    ids=["imagefolder-without-cache", "fake"],
+)
+def test_data_that_writes_no_shared_file_is_loaded_by_every_rank_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, data: dict[str, Any]
+) -> None:
+    config = TrainerConfig(batch_size=4, data={**data, "root": str(tmp_path)})
     spans = _load_in_threads(monkeypatch, config, nodes=2, per_node=1)
-    assert not _before(spans, [0], [1]), "no rank waits for another where nothing is downloaded"
+    assert not _before(spans, [0], [1]), "no rank waits for another where nothing is written"

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kubetrain_trainer import config_loading, contract, distributed, logging_setup, termination
+from kubetrain_trainer import config_loading, contract, distributed, logging_setup, memory, termination
 from kubetrain_trainer.config import TEST_TIME_VIEWS
 from kubetrain_trainer.exit_codes import PERMANENT_EXIT_CODES, ExitCode
 from kubetrain_trainer.failures import ConfigError, PeerLostError, TrainerError, classify
@@ -180,6 +180,7 @@ def run_train(args: argparse.Namespace) -> int:
     logging_setup.configure(world.rank, args.verbose)
     config = config_loading.load_config(args.config, train_overrides(args))
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    memory.return_freed_buffers()
     from kubetrain_trainer.components.placement import select_device
     from kubetrain_trainer.trainer import build_trainer
 
@@ -226,11 +227,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     data_config = trained.config.data.model_copy(
         update={k: v for k, v in {"root": args.data_root, "dataset": args.dataset}.items() if v is not None}
     )
-    full = datasets.load(data_config, trained.config.seed)
-    if full.classes != trained.classes:
-        raise ConfigError(f"dataset classes {full.classes} differ from the model's classes {trained.classes}")
-    train_part, val_part = datasets.split_validation(full, data_config.validation_fraction)
-    data = {"validation": val_part, "train": train_part, "all": full}[args.split]
+    split = datasets.load(data_config, trained.config.seed)
+    if split.classes != trained.classes:
+        raise ConfigError(
+            f"dataset classes {split.classes} differ from the model's classes {trained.classes}"
+        )
+    data = split.whole() if args.split == "all" else getattr(split, args.split)
     flip_tta, translate_tta = evaluation.chosen_views(args.tta, trained.config)
     result = evaluation.evaluate(
         trained.model,

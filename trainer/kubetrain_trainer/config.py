@@ -70,6 +70,27 @@ class DataConfig(_Strict):
             "JPEG decoding. Default true."
         ),
     )
+    cache: Literal["auto", "memory", "disk"] = Field(
+        "auto",
+        description=(
+            "cache is where the decoded images are held while training. memory: in every process's memory "
+            "(fastest; refused with exit 3 when the predicted peak exceeds the container's memory limit); "
+            "disk: an ImageFolder tree is decoded once per node into one file of uint8 images (resized to "
+            "image_size) that every process of the node memory-maps, so the node holds one copy in its page "
+            "cache, which the kernel may drop and read back: sets larger than memory train without an "
+            "out-of-memory kill; auto: memory when its predicted peak fits the limit, else disk. On a GPU "
+            "the set is also copied onto the device only when it fits there, else batches are copied per "
+            "step. Default auto."
+        ),
+    )
+    cache_dir: str = Field(
+        "",
+        description=(
+            "cache_dir is the directory of the decoded cache file, on a disk of the node (an emptyDir or "
+            "hostPath volume) when the data volume is read-only; empty: `.kubetrain-cache/` beside the data "
+            "tree. Default empty."
+        ),
+    )
 
 
 class OptimizerConfig(_Strict):
@@ -312,6 +333,8 @@ RESUME_NEUTRAL_FIELDS = frozenset(
         "eval_translate_tta",
         "data.root",
         "data.cache_decoded",
+        "data.cache",
+        "data.cache_dir",
     }
 )
 """Fields a resumed run may change: where and how it runs, not what the checkpointed state means.

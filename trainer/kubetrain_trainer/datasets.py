@@ -1,21 +1,27 @@
 """Data sources decoded once into uint8 tensors: ImageFolder trees, CIFAR-10 and FakeData.
 
-Per-sample PIL work happens exactly once per dataset version: the decoded tensors are cached next to the
-data (atomically, keyed by a fingerprint of the files), so restarts and later epochs only touch tensors.
+Per-sample PIL work happens exactly once per dataset version: an ImageFolder tree is decoded into the
+decoded cache file (`decoded_cache`, checked against a digest of the file listing), so restarts and later
+epochs only touch tensors, read into memory or memory-mapped from that file (`data.cache`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+import multiprocessing
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubetrain_trainer import atomic, decoding, preprocessing
+import numpy as np
+
+from kubetrain_trainer import cpu_budget, decoded_cache, decoding, preprocessing
 from kubetrain_trainer.config import DataConfig
-from kubetrain_trainer.failures import DataError
+from kubetrain_trainer.failures import ConfigError, DataError
 from kubetrain_trainer.memory import DataBudget
 
 if TYPE_CHECKING:
@@ -25,7 +31,9 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 CACHE_DIR_NAME = ".kubetrain-cache"
-_CACHE_FORMAT = 2
+DECODE_CHUNK_FILES = 256
+"""Files per decoding task: chunks stream into the cache file in order, at most two per worker in flight,
+so decoding holds a few MiB per worker, not the data set."""
 
 
 @dataclass(frozen=True)
@@ -70,24 +78,48 @@ class LabeledImages:
         return LabeledImages(self.images[indices], self.labels[indices], self.classes)
 
 
-def split_validation(data: LabeledImages, fraction: float) -> tuple[LabeledImages, LabeledImages]:
-    """Hold out the last `fraction` of every class (in file order): the same split on every rank and run.
+def split_indices(labels: torch.Tensor, classes: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the training and validation parts, each in file order: the last `fraction` of every class
+    is held out, the same on every rank and run.
 
     Taking the tail of each class keeps classes balanced in both parts and needs no random state.
     """
     import torch
 
     train_parts, val_parts = [], []
-    for label in range(len(data.classes)):
-        members = torch.nonzero(data.labels == label).flatten()
+    for label in range(classes):
+        members = torch.nonzero(labels == label).flatten()
         n_val = round(len(members) * fraction)
         if fraction > 0 and len(members) > 1:
             n_val = max(1, n_val)
         train_parts.append(members[: len(members) - n_val])
         val_parts.append(members[len(members) - n_val :])
-    train_idx = torch.cat(train_parts).sort().values
-    val_idx = torch.cat(val_parts).sort().values
+    return torch.cat(train_parts).sort().values, torch.cat(val_parts).sort().values
+
+
+def split_validation(data: LabeledImages, fraction: float) -> tuple[LabeledImages, LabeledImages]:
+    """`data` cut by `split_indices` into copies of its training and validation parts."""
+    train_idx, val_idx = split_indices(data.labels, len(data.classes), fraction)
     return data.subset(train_idx), data.subset(val_idx)
+
+
+@dataclass
+class SplitData:
+    """A dataset loaded as its training and validation parts."""
+
+    train: LabeledImages
+    validation: LabeledImages
+    classes: list[str]
+    origin: DataOrigin | None
+    mapped: bool
+    """Memory-mapped from the decoded cache (streamed from disk), not held in this process's memory."""
+
+    def whole(self) -> LabeledImages:
+        """Both parts as one set (training rows first), for evaluating on all images."""
+        import torch
+
+        images = torch.cat([self.train.images, self.validation.images])
+        return LabeledImages(images, torch.cat([self.train.labels, self.validation.labels]), self.classes)
 
 
 def list_image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
@@ -113,78 +145,127 @@ def list_image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, samples
 
 
-def _fingerprint(samples: list[tuple[Path, int]], image_size: int) -> str:
-    digest = hashlib.sha256(f"v{_CACHE_FORMAT}:{image_size}".encode())
+def _fingerprint(root: Path, samples: list[tuple[Path, int]], image_size: int, fraction: float) -> str:
+    """The listing rows are decoded from, in row order: paths, labels, sizes and modification times."""
+    digest = hashlib.sha256(f"v{decoded_cache.FORMAT}:{image_size}:{fraction!r}".encode())
     for path, label in samples:
         stat = path.stat()
-        digest.update(f"{path.name}:{label}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:20]
+        digest.update(
+            f"{path.relative_to(root).as_posix()}:{label}:{stat.st_size}:{stat.st_mtime_ns}\n".encode()
+        )
+    return digest.hexdigest()
 
 
-def _decode_all(samples: list[tuple[Path, int]], image_size: int) -> torch.Tensor:
-    """Decode every file (in parallel processes) into one uint8 NCHW tensor; a failure is a DataError."""
-    import torch
-
-    decoded = decoding.decode_files([path for path, _ in samples], image_size)
-    return torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
-
-
-def _load_cache(path: Path) -> LabeledImages | None:
-    import torch
-
-    try:
-        blob = torch.load(path, weights_only=True)
-        return LabeledImages(blob["images"], blob["labels"], list(blob["classes"]))
-    except Exception as error:
-        log.warning("ignoring unreadable decode cache %s: %s", path, error)
-        return None
-
-
-def _save_cache(path: Path, data: LabeledImages) -> None:
-    import torch
-
-    blob = {"images": data.images, "labels": data.labels, "classes": data.classes}
-    try:
-        atomic.write_atomic(path, lambda tmp: torch.save(blob, tmp))
-    except OSError as error:  # read-only data volumes are normal: train without the cache
-        log.info("not caching decoded images at %s: %s", path, error)
+def decode_stream(paths: list[Path], image_size: int) -> Iterator[np.ndarray]:
+    """`paths` decoded in order, as uint8 (n, size, size, 3) chunks of DECODE_CHUNK_FILES, by one forked
+    process per available core (`decoding`) with at most two chunks per worker in flight."""
+    chunks = [paths[i : i + DECODE_CHUNK_FILES] for i in range(0, len(paths), DECODE_CHUNK_FILES)]
+    workers = cpu_budget.usable_cpus()
+    if workers <= 1 or len(paths) < decoding.PARALLEL_FROM_FILES:
+        for chunk in chunks:
+            yield decoding.decode_chunk(chunk, image_size)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.submit(decoding.decode_chunk, chunk, image_size))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
-def load_image_folder(
-    root: Path, image_size: int, cache: bool, budget: DataBudget | None = None
-) -> LabeledImages:
-    """Decode an ImageFolder tree once, reusing the cache in `<root>/../.kubetrain-cache/` when current.
+def cache_path(root: Path, image_size: int, fraction: float, cache_dir: str = "") -> Path:
+    """Where the decoded cache of the tree `root` lives: `cache_dir`, else `<root>/../.kubetrain-cache/`
+    (beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers)."""
+    directory = Path(cache_dir) if cache_dir else root.resolve().parent / CACHE_DIR_NAME
+    return directory / f"{root.name}-{image_size}px-val{fraction:g}.images"
 
-    `budget`, when given, refuses a tree too big for the worker's memory before anything is decoded.
+
+def load_image_folder_split(
+    root: Path,
+    image_size: int,
+    *,
+    validation_fraction: float = 0.0,
+    cache: str = "memory",
+    cache_decoded: bool = True,
+    cache_dir: str = "",
+    budget: DataBudget | None = None,
+) -> SplitData:
+    """An ImageFolder tree as its training and validation parts, decoded once into the decoded cache file
+    in split order, so each part is a slice of it: read into memory, or memory-mapped when `cache` (or
+    `budget`'s choice for auto) is disk. A current file (its header's digest of the listing matches) is
+    reused; a stale one is rewritten. Without `cache_decoded`, or where the file cannot be written, the
+    in-memory path decodes into memory; the disk path needs the file (DataError naming data.cache_dir).
     """
     import torch
 
     classes, samples = list_image_folder(root)
+    source = f"ImageFolder {root}"
+    mode = "disk" if cache == "disk" else "memory"
     if budget is not None:
-        budget.check(len(samples), f"ImageFolder {root}")
+        mode = budget.choose(len(samples), source, cache, streamable=True)
     origin = DataOrigin(
         f"imagefolder {root}",
         len(samples),
         digest_lines(f"{path.relative_to(root).as_posix()}\t{label}" for path, label in samples),
     )
-    # Beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers.
-    cache_name = f"{root.name}-decoded-{image_size}px-{_fingerprint(samples, image_size)}.pt"
-    cache_path = root.resolve().parent / CACHE_DIR_NAME / cache_name
-    if cache and cache_path.is_file():
-        cached = _load_cache(cache_path)
-        if cached is not None and len(cached) == len(samples) and cached.classes == classes:
-            log.info("loaded %d decoded images from cache %s", len(cached), cache_path)
-            return LabeledImages(cached.images, cached.labels, classes, origin)
-    log.info("decoding %d images in %d classes under %s", len(samples), len(classes), root)
-    data = LabeledImages(
-        _decode_all(samples, image_size),
-        torch.tensor([label for _, label in samples], dtype=torch.int64),
+    all_labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
+    train_idx, val_idx = split_indices(all_labels, len(classes), validation_fraction)
+    rows = torch.cat([train_idx, val_idx]).tolist()
+    ordered = [samples[i] for i in rows]
+    header = decoded_cache.Header(
+        count=len(ordered),
+        train=len(train_idx),
+        image_size=image_size,
+        classes=tuple(classes),
+        source_digest=_fingerprint(root, ordered, image_size, validation_fraction),
+    )
+    labels = all_labels[rows].numpy()
+    path = cache_path(root, image_size, validation_fraction, cache_dir)
+    written = mode == "disk" or cache_decoded
+    if written and decoded_cache.read_header(path) == header:
+        log.info("loading %d decoded images from cache %s (%s)", header.count, path, mode)
+    elif written:
+        log.info("decoding %d images in %d classes under %s into %s", header.count, len(classes), root, path)
+        try:
+            decoded_cache.write(path, header, labels, decode_stream([p for p, _ in ordered], image_size))
+        except OSError as error:  # read-only data volumes are normal: decode into memory instead
+            if mode == "disk":
+                raise DataError(
+                    f"{source}: cannot write the decoded cache {path} that data.cache disk streams from "
+                    f"({error}); set data.cache_dir to a writable directory on the node's disk"
+                ) from error
+            log.info("not caching decoded images at %s: %s", path, error)
+            written = False
+    if written:
+        read = decoded_cache.open_mapped if mode == "disk" else decoded_cache.read_into_memory
+        images, label_tensor = read(path, header)
+    else:
+        log.info("decoding %d images in %d classes under %s", header.count, len(classes), root)
+        array = np.empty((header.count, image_size, image_size, 3), dtype=np.uint8)
+        filled = 0
+        for chunk in decode_stream([p for p, _ in ordered], image_size):
+            array[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        images, label_tensor = torch.from_numpy(array).permute(0, 3, 1, 2), torch.from_numpy(labels)
+    cut = header.train
+    return SplitData(
+        LabeledImages(images[:cut], label_tensor[:cut], classes),
+        LabeledImages(images[cut:], label_tensor[cut:], classes),
         classes,
         origin,
+        mapped=mode == "disk",
     )
-    if cache:
-        _save_cache(cache_path, data)
-    return data
+
+
+def load_image_folder(
+    root: Path, image_size: int, cache: bool, budget: DataBudget | None = None
+) -> LabeledImages:
+    """A whole ImageFolder tree in file order, held in memory (`load_image_folder_split` with no
+    validation part), its decoded cache reused or written when `cache`."""
+    split = load_image_folder_split(root, image_size, cache_decoded=cache, budget=budget)
+    return LabeledImages(split.train.images, split.train.labels, split.classes, split.origin)
 
 
 def _load_torchvision_cifar10(root: Path, image_size: int, budget: DataBudget | None) -> LabeledImages:
@@ -200,7 +281,7 @@ def _load_torchvision_cifar10(root: Path, image_size: int, budget: DataBudget | 
             f"torchvision's cifar-10-batches-py) and the download failed: {error}"
         ) from error
     if budget is not None:
-        budget.check(len(dataset.data), f"CIFAR-10 under {root}")
+        budget.choose(len(dataset.data), f"CIFAR-10 under {root}", "memory", streamable=False)
     if image_size == 32:
         images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
     else:
@@ -232,18 +313,38 @@ def _load_fake(size: int, image_size: int, seed: int) -> LabeledImages:
     return LabeledImages(torch.stack(images), torch.tensor(labels), [f"class{i}" for i in range(10)], origin)
 
 
-def load(config: DataConfig, seed: int, budget: DataBudget | None = None) -> LabeledImages:
-    """The whole labelled dataset selected by `config`, decoded into uint8 tensors on the CPU.
+def _in_memory(full: LabeledImages, fraction: float) -> SplitData:
+    train, validation = split_validation(full, fraction)
+    return SplitData(train, validation, full.classes, full.origin, mapped=False)
 
-    With a `budget`, a data set that cannot fit the worker's memory is a DataError before decoding.
+
+def load(config: DataConfig, seed: int, budget: DataBudget | None = None) -> SplitData:
+    """The labelled dataset selected by `config` as its training and validation parts, decoded into uint8
+    tensors on the CPU, in memory or (ImageFolder trees, `data.cache`) memory-mapped from disk.
+
+    With a `budget`, a data set that cannot fit the worker's memory either way is a DataError before
+    decoding, and `data.cache: auto` picks the path by it.
     """
     root = Path(config.root)
+    fraction = config.validation_fraction
+    tree = root if config.dataset == "imagefolder" else root / "train"
+    if config.dataset == "imagefolder" or (config.dataset == "cifar10" and tree.is_dir()):
+        return load_image_folder_split(
+            tree,
+            config.image_size,
+            validation_fraction=fraction,
+            cache=config.cache,
+            cache_decoded=config.cache_decoded,
+            cache_dir=config.cache_dir,
+            budget=budget,
+        )
+    if config.cache == "disk":
+        raise ConfigError(
+            f"data.cache disk streams ImageFolder trees only; data.dataset {config.dataset} under {root} "
+            "is held in memory (data.cache auto or memory)"
+        )
     if config.dataset == "fake":
         if budget is not None:
-            budget.check(config.fake_size, "FakeData (data.fake_size)")
-        return _load_fake(config.fake_size, config.image_size, seed)
-    if config.dataset == "imagefolder":
-        return load_image_folder(root, config.image_size, config.cache_decoded, budget)
-    if (root / "train").is_dir():
-        return load_image_folder(root / "train", config.image_size, config.cache_decoded, budget)
-    return _load_torchvision_cifar10(root, config.image_size, budget)
+            budget.choose(config.fake_size, "FakeData (data.fake_size)", "memory", streamable=False)
+        return _in_memory(_load_fake(config.fake_size, config.image_size, seed), fraction)
+    return _in_memory(_load_torchvision_cifar10(root, config.image_size, budget), fraction)
