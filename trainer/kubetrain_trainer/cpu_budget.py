@@ -1,9 +1,9 @@
 """How many CPUs this process may use: its affinity, capped by the CPU quota of its cgroup.
 
 A pod's `resources.limits.cpu` reaches the container as a CFS quota, not as a smaller CPU set: under
-Kubernetes' default CPU manager the affinity mask holds every core of the node. Sizing threads and
-decoder processes from the affinity alone ran a 2-CPU pod on a 64-core node with 64 of each per rank,
-throttled several-fold. So the budget is min(affinity, ceil(quota / period)), read from either cgroup
+Kubernetes' default CPU manager the affinity mask holds every core of the node. Sized from the affinity
+alone, a 2-CPU pod on a 64-core node would run 64 threads and 64 decoder processes per rank, throttled
+several-fold. So the budget is min(affinity, ceil(quota / period)), read from either cgroup
 version: v2's `cpu.max` ("max 100000": no limit) and v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1:
 no limit) under the controller mounted with `cpu`; a hybrid host has both mounted and either may hold it.
 
@@ -14,7 +14,7 @@ or the cgroup namespace makes it `/` (v2), while `/proc/self/cgroup` may still n
 path is taken relative to the mount's root, and a path outside it means the mount point is the
 process's own cgroup. Anything unreadable or malformed counts as no limit: the affinity stays the answer.
 
-No torch here: the operator-side tools and the decoder import it cheaply.
+Standard library only, like `config`: no torch, so anything may ask without importing it.
 """
 
 from __future__ import annotations
