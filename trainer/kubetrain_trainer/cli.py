@@ -147,6 +147,9 @@ def _stop_a_restarting_agent(code: ExitCode) -> None:
     if int(os.environ.get(TORCHELASTIC_MAX_RESTARTS) or 0) <= 0:
         return
     log.error("exit code %d cannot be cured by a restart: stopping torchrun (pid %d)", code, os.getppid())
+    # torchrun passes the SIGTERM on to this process: it is on its way out with its code recorded, and
+    # an interrupt raised here now would replace that exit with "interrupted".
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.kill(os.getppid(), signal.SIGTERM)
 
 
@@ -157,7 +160,6 @@ def _report_failure(error: BaseException) -> int:
         error = PeerLostError(f"{failure} (this rank left the group: {type(error).__name__}: {error})")
     code = classify(error)
     _record_exit(code, str(error) or type(error).__name__)
-    _stop_a_restarting_agent(code)
     if isinstance(error, TrainerError):
         log.error("%s (exit code %d, %s)", error, code, code.name)
     elif code == ExitCode.INTERRUPTED:
@@ -171,6 +173,7 @@ def _report_failure(error: BaseException) -> int:
             code,
             code.name,
         )
+    _stop_a_restarting_agent(code)  # last: the error is recorded and logged before torchrun stops
     return int(code)
 
 
