@@ -61,3 +61,21 @@ def test_a_replaced_file_keeps_the_mode_and_no_temporary_file_is_left(tmp_path: 
     atomic.write_text_atomic(target, "2\n")
     assert target.read_text() == "2\n" and _mode(target) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]
+
+
+def test_the_rename_is_synced_to_disk_after_the_files_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync of the file, then of its directory once the new name is in it: the order a crash-safe
+    rename needs (data first, then the entry that names it)."""
+    synced: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        target = Path(f"/proc/self/fd/{fd}").readlink()
+        synced.append((target.name if target.is_dir() else "file", (tmp_path / "job" / "model.pt").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    atomic.write_atomic(tmp_path / "job" / "model.pt", lambda tmp: tmp.write_bytes(b"weights"))
+    assert synced == [("file", False), ("job", True)]

@@ -7,6 +7,7 @@ serving pod. Only the writer's uid may change them.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -30,7 +31,8 @@ def make_directory(directory: Path) -> None:
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` on a temporary file in `path`'s directory, fsync it, then rename it to `path`.
+    """Call `write(tmp)` on a temporary file in `path`'s directory, fsync it, rename it to `path`, and
+    fsync the directory.
 
     The temporary file lives in the same directory so the rename is atomic on one filesystem; it is
     removed when `write` fails so a crash leaves no stray partial file that looks like a result. The file
@@ -50,6 +52,21 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _sync_directory(path.parent)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename durable: until its directory is synced, a node that loses power may come back with
+    the old name or none, though the file's data was synced (a checkpoint the run counted on, gone).
+    Filesystems that cannot sync a directory (some network ones refuse with EINVAL) are left as they are."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
