@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from kubetrain_trainer.components.checkpointing import CheckpointManager, run_identity
+from kubetrain_trainer.components.checkpointing import CheckpointManager, config_field_names, run_identity
 from kubetrain_trainer.components.training_state import CheckpointedState, TrainState
-from kubetrain_trainer.config import TrainerConfig
+from kubetrain_trainer.config import RESUME_NEUTRAL_FIELDS, TrainerConfig, resume_identity
 from kubetrain_trainer.distributed import WorldEnv
 
 pytestmark = pytest.mark.unit
@@ -71,7 +71,7 @@ def _older_shape(
     manager: CheckpointManager, *, lacks: tuple[str, ...] = (), had: dict[str, Any] | None = None
 ) -> None:
     """Make `manager` write checkpoints as an older trainer did: its config identity without the fields
-    `lacks` (added since) and with `had` (fields that have since become free to change)."""
+    `lacks` (added since) and with `had` (fields that have since become free to change, or been removed)."""
     config = manager.identity["config"]
     for key in lacks:
         del config[key]
@@ -90,6 +90,22 @@ def test_a_checkpoint_written_before_config_fields_existed_is_resumed_not_delete
     path = manager.find_resumable(CONFIG.epochs)
     assert path is not None and path.name == "attempt-0000-epoch-000001-step-0000000010.pt"
     assert [p.name for _, p in manager.checkpointer.candidates()] == [path.name]
+
+
+def test_a_checkpoint_with_a_config_field_since_removed_is_resumed_not_deleted(tmp_path: Path) -> None:
+    """The reverse upgrade: a field older trainers recorded (here a made-up `data.legacy_shards`) that this
+    config no longer has cannot tell the runs apart."""
+    older = _manager(tmp_path)
+    _older_shape(older, had={"data.legacy_shards": 8})
+    older.save(_state(0.5, epoch=1, step=10))
+    older.wait()
+    path = _manager(tmp_path).find_resumable(CONFIG.epochs)
+    assert path is not None and path.name == "attempt-0000-epoch-000001-step-0000000010.pt"
+
+
+def test_the_config_shape_names_every_identity_field_and_nothing_else() -> None:
+    full = TrainerConfig()
+    assert set(resume_identity(full)) == config_field_names() - RESUME_NEUTRAL_FIELDS
 
 
 def test_a_new_field_set_to_other_than_its_default_still_starts_fresh(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from kubetrain_trainer import checkpoints, heartbeat
 from kubetrain_trainer import config as config_module
@@ -33,17 +34,31 @@ from kubetrain_trainer.failures import SupersededError
 log = logging.getLogger(__name__)
 
 
+def config_field_names(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> frozenset[str]:
+    """Every leaf field of the config shape, dotted as `config.resume_identity` names them, read from the
+    models' declared fields (not from values, which could leave out a nested model that is unset)."""
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names |= config_field_names(annotation, f"{prefix}{name}.")
+        else:
+            names.add(f"{prefix}{name}")
+    return frozenset(names)
+
+
 def saved_identity(saved_config: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's `config` identity as this trainer's config shape reads it, to compare with the run's.
 
     A field the checkpoint lacks was added since it was written; the trainer that wrote it ran as the
     field's default does (that is what a new field's default must mean), so it counts as the default.
-    A field that has since become free to change (`config.RESUME_NEUTRAL_FIELDS`) is dropped. Without
-    this, an upgrade that adds a field would find every checkpoint changed and delete them all.
+    A field that has since become free to change (`config.RESUME_NEUTRAL_FIELDS`), or that this trainer's
+    config no longer has, is dropped: this trainer cannot run with it either way. Without this, an upgrade
+    that adds or removes a field would find every checkpoint changed and delete them all.
     """
     defaults = config_module.resume_identity(TrainerConfig())
-    filled = {**defaults, **saved_config}
-    return {key: value for key, value in filled.items() if key not in config_module.RESUME_NEUTRAL_FIELDS}
+    known = config_field_names() - config_module.RESUME_NEUTRAL_FIELDS
+    return {key: value for key, value in {**defaults, **saved_config}.items() if key in known}
 
 
 def run_identity(
