@@ -118,3 +118,30 @@ def test_a_new_field_set_to_other_than_its_default_still_starts_fresh(tmp_path: 
     manager = CheckpointManager.for_run(config, WorldEnv(), torch.device("cpu"), tmp_path, identity)
     assert manager.find_resumable(CONFIG.epochs) is None
     assert manager.checkpointer.candidates() == []
+
+
+def test_a_chosen_checkpoint_pruned_before_it_is_adopted_gives_way_to_the_next_valid_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older attempt's writer left running prunes its own checkpoints: the newest one may vanish between
+    rank 0 choosing it and linking it as this attempt's own. The next valid checkpoint is resumed instead
+    of the run failing (a counted restart) on a missing file."""
+    old_writer = _manager(tmp_path)
+    for step in (10, 20):
+        old_writer.save(_state(0.5, epoch=1, step=step))
+        old_writer.wait()
+    identity = run_identity(CONFIG, WorldEnv(), "uid-1", ["cat", "dog"], global_batch=8)
+    manager = CheckpointManager.for_run(
+        CONFIG, WorldEnv(), torch.device("cpu"), tmp_path, identity, restart_attempt=1
+    )
+    read_header = manager.checkpointer.read_header
+
+    def read_then_pruned(path: Path) -> dict[str, Any]:
+        header = read_header(path)
+        if path.name.endswith("step-0000000020.pt"):
+            path.unlink()  # the old writer's prune, landing right after the choice
+        return header
+
+    monkeypatch.setattr(manager.checkpointer, "read_header", read_then_pruned)
+    path = manager.find_resumable(CONFIG.epochs)
+    assert path is not None and path.name == "attempt-0001-epoch-000001-step-0000000010.pt"

@@ -34,6 +34,12 @@ from kubetrain_trainer.failures import SupersededError
 log = logging.getLogger(__name__)
 
 
+CHOICE_ATTEMPTS = 5
+"""How often rank 0 chooses again when the checkpoint it chose vanishes before it is adopted. Only an
+older attempt's writer left running (a pod on a node cut off from the API server, force-deleted) prunes
+here meanwhile, and it stops at its next save once this attempt's adopted checkpoint exists."""
+
+
 def config_field_names(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> frozenset[str]:
     """Every leaf field of the config shape, dotted as `config.resume_identity` names them, read from the
     models' declared fields (not from values, which could leave out a nested model that is unset)."""
@@ -133,14 +139,25 @@ class CheckpointManager:
         """
         self.checkpointer.ensure_current()
         self.checkpointer.clean_up()
-        path = self.checkpointer.newest_valid()
-        if path is None:
-            return None
-        header = self.checkpointer.read_header(path)
-        header["config"] = saved_identity(dict(header.get("config") or {}))
-        why = checkpoints.resume_mismatch(header, self.identity, epochs)
-        if why is None:
-            return self.checkpointer.adopt(path)
+        for attempt in range(1, CHOICE_ATTEMPTS + 1):
+            path = self.checkpointer.newest_valid()
+            if path is None:
+                return None
+            try:
+                header = self.checkpointer.read_header(path)
+                header["config"] = saved_identity(dict(header.get("config") or {}))
+                why = checkpoints.resume_mismatch(header, self.identity, epochs)
+                if why is None:
+                    return self.checkpointer.adopt(path)
+                break
+            except FileNotFoundError:
+                if attempt == CHOICE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "checkpoint %s was deleted while this attempt chose it (an older attempt's writer, still "
+                    "running, pruned it): choosing again",
+                    path,
+                )
         removed = self.checkpointer.discard()
         log.warning(
             "not resuming from checkpoint %s: %s; starting fresh (removed %d old checkpoints)",
