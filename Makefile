@@ -50,8 +50,8 @@ images:
 	$(if $(filter podman,$(CONTAINER_ENGINE)),bash hack/install-system-packages.sh)
 	CONTAINER_ENGINE=$(CONTAINER_ENGINE) bash hack/build-images.sh
 
-# The images the tests' real node loads: always podman's, from the project's own storage (cached by
-# content), whatever engine `make images` picks.
+# The images the tests' real node pulls (its fixture pushes them to the test cluster's registry): always
+# podman's, from the project's own storage (cached by content), whatever engine `make images` picks.
 node-images: system-packages
 	bash hack/build-images.sh
 

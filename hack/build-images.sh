@@ -4,8 +4,9 @@
 #
 # CONTAINER_ENGINE picks the builder. docker (what `make images` uses when a Docker engine answers):
 # `docker build` of each Dockerfile, its base pulled from Docker Hub, docker's layer cache deciding what
-# to rebuild. podman (the default, and what the tests' real node loads: tests/testcluster/node.py), below:
-# this project's podman, once per content: an image is rebuilt only when the files it is built from change.
+# to rebuild. podman (the default, and what the tests push to the real node's registry:
+# tests/testcluster/registry.py), below: this project's podman, once per content: an image is rebuilt only
+# when the files it is built from change.
 #
 # No container registry is reachable from our machines, so the Dockerfiles' base image
 # (python:3.11.14-slim-bookworm) cannot be pulled. A stand-in is made from Debian bookworm's own packages

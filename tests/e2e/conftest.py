@@ -27,9 +27,9 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def installed(real_cluster: tuple[Cluster, Node], volumes: dict[str, Path]) -> Cluster:
-    """The chart installed as a user would (its default images), watching a `restricted` namespace that
-    holds the data and output volumes."""
-    cluster, _ = real_cluster
+    """The chart installed as a user would (from a registry, its default images), watching a `restricted`
+    namespace that holds the data and output volumes."""
+    cluster, node = real_cluster
     quickstart.prepare_namespace(cluster, workload.NAMESPACE, volumes["data"], volumes["output"])
-    quickstart.helm_install(cluster, [workload.NAMESPACE], logFormat="json")
+    quickstart.helm_install(cluster, node.registry, [workload.NAMESPACE], logFormat="json")
     return cluster

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from testcluster import binaries, node
+from testcluster import node
 from testcluster.cluster import Cluster
 from testcluster.node import Node
 from testcluster.waiting import wait_for
@@ -36,16 +36,16 @@ HELM_TIMEOUT = "3m"
 
 
 def helm(
-    cluster: Cluster, directory: Path, verb: str, values: dict[str, Any]
+    real_cluster: tuple[Cluster, Node], directory: Path, verb: str, values: dict[str, Any]
 ) -> subprocess.CompletedProcess[str]:
+    """`helm install|upgrade` of the chart from the cluster's registry."""
+    cluster, real_node = real_cluster
     values_path = directory / f"{verb}-values.yaml"
     values_path.write_text(yaml.safe_dump(values))
-    argv = [
-        str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), verb, RELEASE,
-        str(binaries.REPO_ROOT / "charts" / "kubetrain"), "--namespace", RELEASE, "--create-namespace",
+    return real_node.registry.helm_from_chart(
+        cluster, verb, RELEASE, "--namespace", RELEASE, "--create-namespace",
         "--values", str(values_path), "--wait", f"--timeout={HELM_TIMEOUT}",
-    ]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=400, check=False)
+    )  # fmt: skip
 
 
 def story(cluster: Cluster) -> str:
@@ -111,7 +111,7 @@ def test_helm_upgrade_with_two_leader_elected_replicas_finishes_and_the_new_vers
     cluster, real_node = real_cluster
     cluster.kubectl("create", "namespace", WATCHED)
     values = {"watchNamespaces": [WATCHED], "replicas": 2, "leaderElection": {"enabled": True}}
-    installed = helm(cluster, tmp_path, "install", values)
+    installed = helm(real_cluster, tmp_path, "install", values)
     assert installed.returncode == 0, f"helm install --wait failed:\n{installed.stderr}\n{story(cluster)}"
     old_pods = {pod["metadata"]["name"]: pod for pod in operator_pods(cluster)}
     assert len(old_pods) == 2, story(cluster)
@@ -122,10 +122,12 @@ def test_helm_upgrade_with_two_leader_elected_replicas_finishes_and_the_new_vers
     old_image = next(iter(old_pods.values()))["spec"]["containers"][0]["image"]
     new_image = f"{old_image.rsplit(':', 1)[0]}:{NEW_TAG}"
     subprocess.run([str(node.PODMAN), "tag", old_image, new_image], check=True, capture_output=True)
-    real_node.load_image(new_image)
+    real_node.push_image(new_image)
     history = tmp_path / "lease-history"
     with watching_lease(cluster, history):
-        upgraded = helm(cluster, tmp_path, "upgrade", {**values, "image": {"operator": {"tag": NEW_TAG}}})
+        upgraded = helm(
+            real_cluster, tmp_path, "upgrade", {**values, "image": {"operator": {"tag": NEW_TAG}}}
+        )
         assert upgraded.returncode == 0, f"helm upgrade --wait failed:\n{upgraded.stderr}\n{story(cluster)}"
 
         def only_new_pods() -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testcluster import quickstart
+from testcluster import quickstart, registry
 from testcluster.cluster import Cluster, start_cluster
 from testcluster.node import real_node_cluster
 
@@ -66,14 +66,16 @@ DEMO_NAMESPACE = "default"
 def demo() -> int:
     """The quickstart on a real node, as the README tells it, with the CPU example."""
     example = quickstart.binaries.REPO_ROOT / "examples" / "cifar10-cpu.yaml"
-    with real_node_cluster() as (cluster, _node):
+    with real_node_cluster() as (cluster, node):
         print(
             f"== cluster up; export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH", flush=True
         )
         data = quickstart.extract_sample(DEMO_DIR / "data")
         quickstart.prepare_namespace(cluster, DEMO_NAMESPACE, data, DEMO_DIR / "output")
-        print("== helm install kubetrain charts/kubetrain -n kubetrain-system --create-namespace", flush=True)
-        quickstart.helm_install(cluster, [DEMO_NAMESPACE])
+        print(
+            f"== helm install kubetrain {registry.CHART} -n kubetrain-system --create-namespace", flush=True
+        )
+        quickstart.helm_install(cluster, node.registry, [DEMO_NAMESPACE])
         print(cluster.kubectl("-n", quickstart.RELEASE_NAMESPACE, "get", "pods"), flush=True)
         print(f"== kubectl apply -f {example.relative_to(quickstart.binaries.REPO_ROOT)}", flush=True)
         cluster.kubectl("-n", DEMO_NAMESPACE, "apply", "-f", str(example))

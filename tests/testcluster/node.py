@@ -5,10 +5,11 @@ plane), Debian's containerd 1.6 with its runc, Debian's CNI plugins (bridge + ho
 kube-proxy in iptables mode (so the `kubernetes` Service reaches the API server from pods) and CoreDNS
 answering `cluster.local` (so `<pod>.<service>.<namespace>.svc` resolves) and nothing else.
 
-No registry is reachable, so images reach containerd by import: `hack/podman save` piped into `ctr
-images import`. containerd's image store lives in the build cache, so an image is imported once per
-build, like a real node that has pulled it. The sandbox ("pause") image is any local image whose command
-sleeps forever; we build one from the same Debian base as the kubetrain images.
+Images reach the node as they reach a real cluster's: the tests push what they built to the cluster's
+own registry (`registry`), and containerd pulls from it, as a mirror for the chart's `ghcr.io` names, when
+the kubelet asks. containerd's store lives in the build cache, so a pull fetches only the layers the node
+lacks. The sandbox ("pause") image is any image whose command sleeps forever; we build one from the same
+Debian base as the kubetrain images and name it by the registry's address.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from typing import Any
 
 import yaml
 
-from testcluster import binaries, processes
+from testcluster import binaries, processes, registry
 from testcluster.cluster import Cluster, start_cluster
 from testcluster.sandbox import CLUSTER_IP, POD_SUBNET, Sandbox, start_sandbox
 from testcluster.waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
-PAUSE_IMAGE = "localhost/kubetrain-pause:1"
+PAUSE_IMAGE = f"{registry.ADDRESS}/kubetrain-pause:1"
 CACHE_ROOT = binaries.CACHE_ROOT
 PODMAN = binaries.REPO_ROOT / "hack" / "podman"
 BUILD_IMAGES = binaries.REPO_ROOT / "hack" / "build-images.sh"
@@ -80,6 +81,8 @@ class Node:
     sandbox: Sandbox
     directory: Path
     bin_dir: Path
+    registry: registry.Registry
+    """The cluster's registry, which the node pulls every image from."""
     pids: dict[str, int] = field(default_factory=dict)
     cgroup_root: str = ""
 
@@ -87,10 +90,11 @@ class Node:
     def containerd_socket(self) -> Path:
         return self.directory / "containerd.sock"
 
-    def ctr(self, *args: str, input_bytes: bytes | None = None, timeout: float = 1800) -> str:
+    def ctr(self, *args: str, timeout: float = 1800) -> str:
+        """ctr against the node's containerd, run inside the sandbox: a pull is the client's work, and
+        the registry's address is there."""
         result = subprocess.run(
-            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
-            input=input_bytes,
+            self.sandbox.enter(["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args]),
             capture_output=True,
             timeout=timeout,
             check=False,
@@ -99,27 +103,22 @@ class Node:
             raise NodeError(f"ctr {' '.join(args)}: {result.stderr.decode(errors='replace').strip()}")
         return result.stdout.decode()
 
-    def load_image(self, reference: str) -> None:
-        """Import `reference` from the project's podman storage unless containerd has this build of it."""
-        image_id = _podman("image", "inspect", "--format", "{{.Id}}", reference).stdout.strip()
-        stamp = CACHE_ROOT / "node" / "imported" / image_id
-        if stamp.exists() and reference in self.ctr("images", "list", "--quiet").split():
-            return
-        save = subprocess.Popen(
-            [str(PODMAN), "save", "--format", "docker-archive", reference], stdout=subprocess.PIPE
-        )
-        assert save.stdout is not None
-        result = subprocess.run(
-            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", "images", "import", "-"],
-            stdin=save.stdout,
-            capture_output=True,
-            check=False,
-        )
-        save.stdout.close()
-        if save.wait() != 0 or result.returncode != 0:
-            raise NodeError(f"loading {reference} into containerd failed: {result.stderr.decode().strip()}")
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.touch()
+    def push_image(self, reference: str) -> None:
+        """Push `reference` from the project's podman storage to the registry, for the kubelet to pull.
+
+        containerd's store outlives the node, and a rebuilt image keeps its tag, which the chart's
+        IfNotPresent would never pull again: a tag the node holds at another digest is pulled anew here.
+        The pull moves the tag only once the new image is complete, so the layers both builds share are
+        never garbage-collected in between. An image the node lacks is left to the kubelet."""
+        digest = self.registry.push_image(reference)
+        held = {row.split()[0]: row.split()[2] for row in self.ctr("images", "list").splitlines()[1:]}
+        if held.get(reference, digest) != digest:
+            self.ctr("images", "pull", f"--hosts-dir={self.hosts_dir}", reference)
+
+    @property
+    def hosts_dir(self) -> Path:
+        """containerd's registry hosts (`registry.write_hosts`): the mirror for ghcr.io."""
+        return self.directory / "certs.d"
 
     def container_pid(self, namespace: str, pod: str, container: str) -> int:
         """The host pid of a running container's main process (for fault injection)."""
@@ -213,6 +212,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_dir}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{directory / "certs.d"}"
 """
 
 
@@ -266,7 +267,7 @@ def _kubelet_config(directory: Path, ca_cert: Path, cgroup_root: str) -> dict[st
             "x509": {"clientCAFile": str(ca_cert)},
         },
         "authorization": {"mode": "AlwaysAllow"},
-        # The images were imported, not pulled: never garbage-collect them, never evict for disk.
+        # containerd's store is the node's cache across runs: never garbage-collect it, never evict for disk.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
@@ -298,10 +299,17 @@ def _corefile(kubeconfig: Path) -> str:
 
 
 def start_node(
-    sandbox: Sandbox, *, directory: Path, bin_dir: Path, kubeconfig: Path, ca_cert: Path, images: list[str]
+    sandbox: Sandbox,
+    *,
+    directory: Path,
+    bin_dir: Path,
+    kubeconfig: Path,
+    ca_cert: Path,
+    images: list[str],
+    image_registry: registry.Registry,
 ) -> Node:
-    """Start containerd, load `images`, start CoreDNS, kube-proxy and the kubelet; wait until the node
-    is Ready. `kubeconfig` is the one used inside the sandbox."""
+    """Start containerd, push the pause image and `images` to `image_registry`, start CoreDNS,
+    kube-proxy and the kubelet. `kubeconfig` is the one used inside the sandbox."""
     directory.mkdir(parents=True, exist_ok=True)
     log_dir = directory / "logs"
     log_dir.mkdir(exist_ok=True)
@@ -310,9 +318,16 @@ def start_node(
     (CACHE_ROOT / "node" / "containerd").mkdir(parents=True, exist_ok=True)
     (directory / "resolv.conf").write_text(f"nameserver {CLUSTER_IP}\n")
     (directory / "containerd.toml").write_text(_containerd_config(directory))
+    registry.write_hosts(directory / "certs.d")
     (directory / "cni" / "10-kubetrain.conflist").write_text(json.dumps(_cni_config(directory)))
     cgroup_root = f"/kubetrain-{uuid.uuid4().hex[:8]}"
-    node = Node(sandbox=sandbox, directory=directory, bin_dir=bin_dir, cgroup_root=cgroup_root)
+    node = Node(
+        sandbox=sandbox,
+        directory=directory,
+        bin_dir=bin_dir,
+        registry=image_registry,
+        cgroup_root=cgroup_root,
+    )
 
     def launch(name: str, argv: list[str]) -> None:
         process = processes.start(name, sandbox.enter(argv), log_dir, detached=False)
@@ -325,7 +340,7 @@ def start_node(
         wait_for(lambda: _ctr_ok(node), "containerd answering", explain=containerd_log)
         _ensure_pause_image()
         for reference in [PAUSE_IMAGE, *images]:
-            node.load_image(reference)
+            node.push_image(reference)
 
         (directory / "Corefile").write_text(_corefile(kubeconfig))
         launch("coredns", [str(bin_dir / "coredns"), "-conf", str(directory / "Corefile")])
@@ -391,7 +406,7 @@ NODE_LOCK_WAIT_SECONDS = 3600
 @contextlib.contextmanager
 def _containerd_root_lock() -> Iterator[None]:
     """Hold the one containerd root under the build cache for this node's life. Every node keeps its
-    images there (imported once, not per test run), and two containerds on one root cannot both start:
+    images there (pulled once, not per test run), and two containerds on one root cannot both start:
     the second used to time out after 60 s with no word about why. Now it waits, and says for whom."""
     lock_path = CACHE_ROOT / "node" / "containerd.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -428,9 +443,10 @@ def _containerd_root_lock() -> Iterator[None]:
 
 @contextlib.contextmanager
 def real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
-    """A sandboxed control plane with one real node, Ready, holding the project's images; everything is
-    stopped and removed afterwards (processes, namespace, cgroups, files), whatever happened. One at a
-    time per machine (`_containerd_root_lock`)."""
+    """A sandboxed control plane with one real node, Ready, and the cluster's registry holding the
+    project's images and chart as built (the node pulls from it); everything is stopped and removed
+    afterwards (processes, namespace, cgroups, files), whatever happened. One at a time per machine
+    (`_containerd_root_lock`)."""
     with _containerd_root_lock():
         yield from _real_node_cluster()
 
@@ -441,10 +457,13 @@ def _real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
     (root / "logs").mkdir()
     sandbox = start_sandbox(root / "logs")
     cluster: Cluster | None = None
+    image_registry: registry.Registry | None = None
     node: Node | None = None
     try:
         cluster = start_cluster(nodes=0, directory=root / "cluster", sandbox=sandbox)
         assert cluster.inner_kubeconfig is not None
+        image_registry = registry.start_registry(sandbox, root / "registry", root / "logs")
+        image_registry.push_chart(cluster.bin_dir / "helm", root / "registry")
         node = start_node(
             sandbox,
             directory=root / "node",
@@ -452,6 +471,7 @@ def _real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
             kubeconfig=cluster.inner_kubeconfig,
             ca_cert=cluster.directory / "pki" / "ca.crt",
             images=images,
+            image_registry=image_registry,
         )
         ready = '{.status.conditions[?(@.type=="Ready")].status}'
         deadline = time.monotonic() + 180
@@ -466,6 +486,8 @@ def _real_node_cluster() -> Iterator[tuple[Cluster, Node]]:
     finally:
         if node is not None:
             node.stop()
+        if image_registry is not None:
+            image_registry.stop()
         if cluster is not None:
             cluster.stop()
         sandbox.stop()

@@ -5,14 +5,13 @@ and `make demo-cluster`, so what the tests prove is what a newcomer runs."""
 from __future__ import annotations
 
 import os
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from testcluster import binaries
+from testcluster import binaries, registry
 from testcluster.cluster import Cluster
 
 RELEASE_NAMESPACE = "kubetrain-system"
@@ -85,26 +84,17 @@ def prepare_namespace(cluster: Cluster, namespace: str, data_dir: Path, output_d
     )
 
 
-def helm_install(cluster: Cluster, watch_namespaces: list[str], **values: Any) -> str:
-    """`helm install kubetrain charts/kubetrain -n kubetrain-system --create-namespace --wait`."""
+def helm_install(
+    cluster: Cluster, chart_registry: registry.Registry, watch_namespaces: list[str], **values: Any
+) -> str:
+    """`helm install kubetrain oci://<the cluster's registry>/charts/kubetrain --version <the chart's>
+    -n kubetrain-system --create-namespace --wait`: the chart from a registry, as users install it."""
     values_path = cluster.directory / "quickstart-values.yaml"
     values_path.write_text(yaml.safe_dump({"watchNamespaces": watch_namespaces, **values}))
-    argv = [
-        str(cluster.bin_dir / "helm"),
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        "install",
-        "kubetrain",
-        str(binaries.REPO_ROOT / "charts" / "kubetrain"),
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--create-namespace",
-        "--values",
-        str(values_path),
-        "--wait",
-        "--timeout=5m",
-    ]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=400, check=False)
+    result = chart_registry.helm_from_chart(
+        cluster, "install", "kubetrain", "--namespace", RELEASE_NAMESPACE, "--create-namespace",
+        "--values", str(values_path), "--wait", "--timeout=5m",
+    )  # fmt: skip
     if result.returncode != 0:
         story = cluster.kubectl("-n", RELEASE_NAMESPACE, "get", "pods,events", check=False)
         raise RuntimeError(f"helm install failed:\n{result.stdout}{result.stderr}\n{story}")
