@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kubetrain_trainer.components.training_data import TrainingData, load_training_data
+from kubetrain_trainer import batches, datasets
+from kubetrain_trainer.components.training_data import WHITENING_BYTES, TrainingData, load_training_data
 from kubetrain_trainer.config import TrainerConfig
 from kubetrain_trainer.distributed import WorldEnv
 
@@ -36,3 +37,25 @@ def test_every_rank_fits_the_same_preprocessing_and_whitening_sample() -> None:
 def test_the_global_batch_is_every_ranks_batch_together() -> None:
     assert _rank(0).global_batch == 16
     assert _rank(0, world_size=1).global_batch == 8
+
+
+def test_the_whitening_sample_of_large_images_stays_within_its_memory_bound() -> None:
+    """5,000 normalised images of 128 px are 938 MiB of floats, as much as a 1 GiB worker streaming its set
+    from disk has in all; the sample takes fewer of them instead (32-px sets keep their 5,000)."""
+    images = torch.zeros(1, 3, 128, 128, dtype=torch.uint8).expand(6000, 3, 128, 128)
+    train = datasets.LabeledImages(images, torch.zeros(6000, dtype=torch.int64), ["a"])
+    data = _rank(0, world_size=1)
+    loader = batches.BatchLoader(
+        train,
+        data.preprocessing,
+        batch_size=8,
+        rank=0,
+        world_size=1,
+        seed=0,
+        augment=False,
+        device=torch.device("cpu"),
+    )
+    large = TrainingData(train, train, train, ["a"], None, data.preprocessing, loader)
+    sample = large.whitening_sample()
+    assert len(sample) >= 300 and sample.numel() * 4 <= WHITENING_BYTES
+    assert len(data.whitening_sample()) == len(data.train)  # a small 32-px set: all of it
