@@ -231,5 +231,5 @@ def test_decoding_starts_one_process_per_cpu_the_quota_allows(
     monkeypatch.setattr(decoding, "ProcessPoolExecutor", CountingPool)
     monkeypatch.setattr(decoding, "PARALLEL_FROM_FILES", 1)
     paths = sorted(p for class_dir in sorted(small_root.iterdir()) for p in class_dir.iterdir())
-    assert len(decoding.decode_files(paths, 32)) == len(paths)
+    assert sum(len(chunk) for chunk in decoding.decode_stream(paths, 32)) == len(paths)
     assert started == [2]

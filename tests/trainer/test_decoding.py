@@ -21,8 +21,8 @@ def test_worker_processes_decode_the_same_pixels_in_file_order_as_one_loop(
 ) -> None:
     paths = _paths(small_root)
     monkeypatch.setattr(decoding, "PARALLEL_FROM_FILES", 1)
-    parallel = decoding.decode_files(paths, 32, workers=2)
-    serial = decoding.decode_files(paths, 32, workers=1)
+    parallel = np.concatenate(list(decoding.decode_stream(paths, 32, workers=2)))
+    serial = np.concatenate(list(decoding.decode_stream(paths, 32, workers=1)))
     assert parallel.shape == (len(paths), 32, 32, 3) and parallel.dtype == np.uint8
     assert np.array_equal(parallel, serial)
 
@@ -35,4 +35,4 @@ def test_a_file_that_does_not_decode_in_a_worker_is_a_data_error_naming_it(
     broken.write_bytes(b"not a jpeg")
     monkeypatch.setattr(decoding, "PARALLEL_FROM_FILES", 1)
     with pytest.raises(DataError, match=f"cannot decode image {broken}"):
-        decoding.decode_files(paths, 32, workers=2)
+        list(decoding.decode_stream(paths, 32, workers=2))

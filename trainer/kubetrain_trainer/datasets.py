@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
-from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kubetrain_trainer import cpu_budget, decoded_cache, decoding, preprocessing
+from kubetrain_trainer import decoded_cache, decoding, preprocessing
 from kubetrain_trainer.config import DataConfig
 from kubetrain_trainer.failures import ConfigError, DataError
 from kubetrain_trainer.memory import DataBudget
@@ -31,9 +28,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 CACHE_DIR_NAME = ".kubetrain-cache"
-DECODE_CHUNK_FILES = 256
-"""Files per decoding task: chunks stream into the cache file in order, at most two per worker in flight,
-so decoding holds a few MiB per worker, not the data set."""
 
 
 @dataclass(frozen=True)
@@ -156,25 +150,6 @@ def _fingerprint(root: Path, samples: list[tuple[Path, int]], image_size: int, f
     return digest.hexdigest()
 
 
-def decode_stream(paths: list[Path], image_size: int) -> Iterator[np.ndarray]:
-    """`paths` decoded in order, as uint8 (n, size, size, 3) chunks of DECODE_CHUNK_FILES, by one forked
-    process per available core (`decoding`) with at most two chunks per worker in flight."""
-    chunks = [paths[i : i + DECODE_CHUNK_FILES] for i in range(0, len(paths), DECODE_CHUNK_FILES)]
-    workers = cpu_budget.usable_cpus()
-    if workers <= 1 or len(paths) < decoding.PARALLEL_FROM_FILES:
-        for chunk in chunks:
-            yield decoding.decode_chunk(chunk, image_size)
-        return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        pending: deque = deque()
-        for chunk in chunks:
-            pending.append(pool.submit(decoding.decode_chunk, chunk, image_size))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
 def cache_path(root: Path, image_size: int, fraction: float, cache_dir: str = "") -> Path:
     """Where the decoded cache of the tree `root` lives: `cache_dir`, else `<root>/../.kubetrain-cache/`
     (beside the tree, not in it: a hidden directory among the classes breaks other ImageFolder readers)."""
@@ -229,7 +204,9 @@ def load_image_folder_split(
     elif written:
         log.info("decoding %d images in %d classes under %s into %s", header.count, len(classes), root, path)
         try:
-            decoded_cache.write(path, header, labels, decode_stream([p for p, _ in ordered], image_size))
+            decoded_cache.write(
+                path, header, labels, decoding.decode_stream([p for p, _ in ordered], image_size)
+            )
         except OSError as error:  # read-only data volumes are normal: decode into memory instead
             if mode == "disk":
                 raise DataError(
@@ -245,7 +222,7 @@ def load_image_folder_split(
         log.info("decoding %d images in %d classes under %s", header.count, len(classes), root)
         array = np.empty((header.count, image_size, image_size, 3), dtype=np.uint8)
         filled = 0
-        for chunk in decode_stream([p for p, _ in ordered], image_size):
+        for chunk in decoding.decode_stream([p for p, _ in ordered], image_size):
             array[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
         images, label_tensor = torch.from_numpy(array).permute(0, 3, 1, 2), torch.from_numpy(labels)
