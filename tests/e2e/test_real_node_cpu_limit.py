@@ -74,7 +74,7 @@ def test_a_one_cpu_limit_gives_one_thread_on_a_node_with_more_cores(
     finally:
         cluster.kubectl("-n", NAMESPACE, "delete", "tj", "cpu-limit", "--wait=false")
     assert "1 intra-op threads per process (cpu_threads auto)" in log, log[-3000:]
-    capped = re.search(r"the cgroup CPU quota allows 1 CPUs of the (\d+) this process may run on", log)
+    capped = re.search(r"the cgroup CPU quota allows 1 of the (\d+) CPUs this process may run on", log)
     assert capped is not None, log[-3000:]
     assert int(capped.group(1)) >= 2, f"the container's affinity is the node's cores: {capped.group(0)}"
     assert log.count("the cgroup CPU quota allows") == 1, "said once, though threads and decoders ask"

@@ -193,7 +193,7 @@ def test_a_quota_below_the_affinity_is_said_once_per_process_naming_both_numbers
     with caplog.at_level(logging.INFO, logger=cpu_budget.__name__):
         assert [cpu_budget.usable_cpus(proc_self) for _ in range(3)] == [3, 3, 3]
     assert [record.getMessage() for record in caplog.records] == [
-        "the cgroup CPU quota allows 3 CPUs of the 8 this process may run on: "
+        "the cgroup CPU quota allows 3 of the 8 CPUs this process may run on: "
         "threads and decoder processes are sized to 3"
     ]
 

@@ -78,7 +78,7 @@ def cgroup_limit(proc_self: Path = PROC_SELF) -> int | None:
 def _say_capped(limit: int, affinity: int) -> None:
     """Say so once per process (per pair of numbers), however many call sites ask for the budget."""
     log.info(
-        "the cgroup CPU quota allows %d CPUs of the %d this process may run on: "
+        "the cgroup CPU quota allows %d of the %d CPUs this process may run on: "
         "threads and decoder processes are sized to %d",
         limit,
         affinity,
