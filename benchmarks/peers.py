@@ -51,6 +51,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +154,11 @@ def _watch(client: operator_scale.Api, path: str, kind: str, out: Any, lock: thr
                     if event["type"] == "ERROR":
                         raise RuntimeError(str(obj))
                     rv = obj["metadata"].get("resourceVersion", rv)
-                    if event["type"] in ("BOOKMARK", "DELETED"):
+                    if event["type"] == "BOOKMARK":
                         continue
+                    state = "Deleted" if event["type"] == "DELETED" else _state(kind, obj)
                     with lock:
-                        out.write(f"{now:.4f}\t{kind}\t{obj['metadata']['name']}\t{_state(kind, obj)}\n")
+                        out.write(f"{now:.4f}\t{kind}\t{_key(kind, obj)}\t{state}\n")
                         out.flush()
         except Exception as exc:  # reconnect from the last resourceVersion
             with lock:
@@ -165,9 +167,19 @@ def _watch(client: operator_scale.Api, path: str, kind: str, out: Any, lock: thr
             time.sleep(0.5)
 
 
+def _key(kind: str, obj: dict[str, Any]) -> str:
+    """An object's name; a batch Job's name/uid, since JobSet recreates a restarted group's Jobs under
+    the same names and "the old Jobs are gone" must mean those objects, not the names."""
+    meta = obj["metadata"]
+    return f"{meta['name']}/{meta['uid']}" if kind == "BatchJob" else meta["name"]
+
+
 def _state(kind: str, obj: dict[str, Any]) -> str:
-    """A pod's phase; for a job, "Succeeded" once it has (TrainingJob phase, JobSet condition Completed)."""
+    """A pod's phase; for a job, "Succeeded" once it has (TrainingJob phase, JobSet condition Completed);
+    for a batch Job, "-" (only its creation and deletion are read)."""
     status = obj.get("status") or {}
+    if kind == "BatchJob":
+        return "-"
     if kind == "Pod":
         phase = status.get("phase") or "-"
         return "Bound" if phase == "Pending" and obj["spec"].get("nodeName") else phase
@@ -177,14 +189,26 @@ def _state(kind: str, obj: dict[str, Any]) -> str:
     return "Succeeded" if completed or status.get("phase") == "Succeeded" else "-"
 
 
-def watcher_main(kubeconfig: str, system: str, out_path: str) -> None:
-    client = operator_scale.Api(Path(kubeconfig), maxsize=4)
-    jobs = f"{TJ_API}/namespaces/{NAMESPACE}/{constants.PLURAL}"
+def jobs_path(system: str) -> str:
+    """The collection the system's jobs are created in: TrainingJobs or JobSets."""
     if system == "jobset":
-        jobs = f"{JOBSET_API}/namespaces/{NAMESPACE}/jobsets"
+        return f"{JOBSET_API}/namespaces/{NAMESPACE}/jobsets"
+    return f"{TJ_API}/namespaces/{NAMESPACE}/{constants.PLURAL}"
+
+
+def watched(system: str, batch_jobs: bool) -> list[tuple[str, str]]:
+    """The watcher's kinds and their paths: the system's jobs, pods, and with `batch_jobs` the Jobs."""
+    kinds = [("Job", jobs_path(system)), ("Pod", f"/api/v1/namespaces/{NAMESPACE}/pods")]
+    if batch_jobs:
+        kinds.append(("BatchJob", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"))
+    return kinds
+
+
+def watcher_main(kubeconfig: str, system: str, out_path: str, batch_jobs: bool) -> None:
+    client = operator_scale.Api(Path(kubeconfig), maxsize=4)
     lock = threading.Lock()
     with Path(out_path).open("a") as out:
-        for kind, path in (("Job", jobs), ("Pod", f"/api/v1/namespaces/{NAMESPACE}/pods")):
+        for kind, path in watched(system, batch_jobs):
             threading.Thread(target=_watch, args=(client, path, kind, out, lock), daemon=True).start()
         while True:
             time.sleep(3600)
@@ -193,11 +217,11 @@ def watcher_main(kubeconfig: str, system: str, out_path: str) -> None:
 class Watch:
     """Tails the watcher's file: first time each job and pod was seen, and first time in each state."""
 
-    def __init__(self, cluster: Cluster, system: str, path: Path) -> None:
+    def __init__(self, cluster: Cluster, system: str, path: Path, batch_jobs: bool = False) -> None:
         self.path = path
         path.write_text("")
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "_watch", str(cluster.kubeconfig), system, str(path)],
+            [sys.executable, __file__, "_watch", str(cluster.kubeconfig), system, str(path), str(batch_jobs)],
             start_new_session=True,
         )
         self._offset = 0
@@ -206,7 +230,7 @@ class Watch:
         self.errors: list[str] = []
         ready: set[str] = set()
         deadline = time.monotonic() + 60
-        while len(ready) < 2:
+        while len(ready) < len(watched(system, batch_jobs)):
             ready |= self.poll()
             if time.monotonic() > deadline:
                 raise RuntimeError("watcher not ready")
@@ -386,7 +410,18 @@ def jobset_dir() -> Path:
 class Controller:
     """The system under test as a process: kubetrain's operator or JobSet's manager."""
 
-    def __init__(self, system: str, cluster: Cluster, kubeconfig: Path, workdir: Path, tag: str) -> None:
+    def __init__(
+        self,
+        system: str,
+        cluster: Cluster,
+        kubeconfig: Path,
+        workdir: Path,
+        tag: str,
+        *,
+        webhooks: bool = True,
+    ) -> None:
+        """`webhooks=False` registers none of JobSet's webhooks with the API server (its manager still
+        serves them): JobSets and their pods are then admitted without JobSet's defaulting and checks."""
         self.system = system
         self.log = workdir / f"{tag}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
@@ -430,7 +465,8 @@ class Controller:
             )
             argv = [str(home / "jobset-manager"), f"--config={config}", f"--kubeconfig={kubeconfig}"]
             ready_url = f"http://127.0.0.1:{health}/readyz"
-            cluster.apply(jobset_webhooks(port, ca))
+            if webhooks:
+                cluster.apply(jobset_webhooks(port, ca))
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -481,6 +517,24 @@ class Controller:
             self.process.wait()
 
 
+@contextlib.contextmanager
+def measured_cluster(
+    system: str, workdir: Path, tag: str, nodes: int, *, webhooks: bool = True, batch_jobs: bool = False
+) -> Iterator[tuple[Cluster, Controller, Watch]]:
+    """A fresh audited control plane with `nodes` kwok nodes, the system's controller and the watcher
+    (see Controller and Watch for the flags); the three stopped on the way out, newest first."""
+    cluster = cluster_for(workdir)
+    with contextlib.ExitStack() as stack:
+        stack.callback(cluster.stop)
+        cluster.add_nodes(nodes, prefix="bench")
+        kubeconfig = controller_kubeconfig(cluster)
+        controller = Controller(system, cluster, kubeconfig, workdir, tag, webhooks=webhooks)
+        stack.callback(controller.stop)
+        watch = Watch(cluster, system, workdir / f"{tag}.tsv", batch_jobs)
+        stack.callback(watch.stop)
+        yield cluster, controller, watch
+
+
 def create_all(client: operator_scale.Api, path: str, bodies: list[dict[str, Any]], threads: int) -> float:
     """POST every body with `threads` concurrent requests; the seconds it took."""
     started = time.time()
@@ -492,17 +546,9 @@ def create_all(client: operator_scale.Api, path: str, bodies: list[dict[str, Any
 
 def run_system(system: str, args: argparse.Namespace, workdir: Path, tag: str) -> dict[str, Any]:
     n, w = args.n, args.workers
-    cluster = cluster_for(workdir)
-    watch = controller = None
-    try:
-        cluster.add_nodes(args.nodes, prefix="bench")
-        kubeconfig = controller_kubeconfig(cluster)
-        controller = Controller(system, cluster, kubeconfig, workdir, tag)
-        watch = Watch(cluster, system, workdir / f"{tag}.tsv")
+    with measured_cluster(system, workdir, tag, args.nodes) as (cluster, controller, watch):
         client = operator_scale.Api(cluster.kubeconfig, maxsize=args.threads)
-        build, path = (jobset, f"{JOBSET_API}/namespaces/{NAMESPACE}/jobsets")
-        if system == "kubetrain":
-            build, path = (trainingjob, f"{TJ_API}/namespaces/{NAMESPACE}/{constants.PLURAL}")
+        build, path = (trainingjob if system == "kubetrain" else jobset), jobs_path(system)
         bodies = [build(f"j-{i:05d}", w, args.run_for) for i in range(n)]
         before = controller.stats()
         baseline = len(controller.requests())
@@ -555,12 +601,6 @@ def run_system(system: str, args: argparse.Namespace, workdir: Path, tag: str) -
             flush=True,
         )
         return out
-    finally:
-        if watch is not None:
-            watch.stop()
-        if controller is not None:
-            controller.stop()
-        cluster.stop()
 
 
 # ---------------------------------------------------------------- rounds and report
@@ -684,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[system] = run_system(system, args, workdir, f"r{index}-{system}")
         results["rounds"].append(runs)
         results["summary"] = summarise(results["rounds"])
-        _write(args.out, results)
+        write_results(args.out, results, render_markdown)
     for key, s in results["summary"].items():
         print(f"  {RATIOS[key]}: kubetrain/JobSet median {s['median']:.2f} {s['ratios']}")
     print(f"wrote {args.out}.json and .generated.md (workdir {workdir})")
@@ -707,15 +747,17 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _write(out: Path, results: dict[str, Any]) -> None:
+def write_results(out: Path, results: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> None:
+    """OUT.json and OUT.generated.md, rewritten after every round or system so a run cut short keeps
+    what it measured."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    out.with_suffix(".generated.md").write_text(render_markdown(results))
+    out.with_suffix(".generated.md").write_text(render(results))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_watch":
-        watcher_main(sys.argv[2], sys.argv[3], sys.argv[4])
+        watcher_main(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "True")
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop clusters
         sys.exit(main())
