@@ -135,7 +135,7 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         return _suspended(p, queue)
     if st.is_true(status, "Suspended"):
         _resumed(p, queue)
-    if _record_created(status, p.workers, [j for j in obs.jobs if j not in p.stale], now):
+    if _record_created(status, p.workers, p.current_jobs(), now):
         out.transitions.append("created")
 
     # 4. Deadline.
@@ -172,10 +172,11 @@ def _finished(p: steps.Pass, phase: str) -> plans.Plan:
     its TTL has passed."""
     out, spec, obs = p.out, p.spec, p.obs
     out.delete += steps.cleanup(spec.run_policy.clean_pod_policy, p.workers, obs.jobs, obs.service)
+    deleted = {d.name for d in out.delete}
     out.delete += [
         plans.deletion("Job", j)
         for j in p.stale
-        if not plans.is_deleting(j) and plans.name_of(j) not in {d.name for d in out.delete}
+        if not plans.is_deleting(j) and plans.name_of(j) not in deleted
     ]
     if obs.workload is not None and not queueing.read_admission(obs.workload).finished:
         # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
@@ -199,8 +200,7 @@ def _finished(p: steps.Pass, phase: str) -> plans.Plan:
 def _suspended(p: steps.Pass, queue: queueing.Queued) -> plans.Plan:
     """Remove the workers; resume (or admission) starts a fresh attempt, not a restart."""
     out, spec, obs, status = p.out, p.spec, p.obs, p.status
-    current = [j for j in obs.jobs if j not in p.stale]
-    if current:
+    if p.current_jobs():
         status["restartAttempt"] = p.attempt + 1
     out.delete += [plans.deletion("Job", j, "Foreground") for j in obs.jobs if not plans.is_deleting(j)]
     status["startTime"] = None

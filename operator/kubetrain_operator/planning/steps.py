@@ -59,6 +59,12 @@ class Pass:
     def status(self) -> dict[str, Any]:
         return self.out.status
 
+    def current_jobs(self) -> list[dict[str, Any]]:
+        """The worker Jobs that are not stale, told apart by identity: `in` on a list of Jobs would compare
+        whole dicts, Jobs x stale Jobs of them in a restart of a large group."""
+        stale = {id(job) for job in self.stale}
+        return [job for job in self.obs.jobs if id(job) not in stale]
+
     def fail(self, reason: str, message: str, blamed: observe.Worker | None = None) -> plans.Plan:
         """End the job Failed: the verdict, its event, the cleanup, and the TTL's wake-up."""
         status, spec = self.status, self.spec
