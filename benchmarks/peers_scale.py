@@ -65,7 +65,7 @@ ETCD_DEFAULT_MAX_REQUEST_BYTES = 1572864
 store."""
 MAX_RESTARTS = 3
 PHASES = ("create", "restart", "elastic")
-SYSTEMS = ("kubetrain", "jobset", "jobset-no-webhooks")
+SYSTEMS = ("kubetrain", *peers.JOBSETS)
 
 
 # ---------------------------------------------------------------- workloads
@@ -89,21 +89,12 @@ def elastic_trainingjob(name: str, workers: int) -> dict[str, Any]:
 def held_jobset(name: str, workers: int, webhooks: bool) -> dict[str, Any]:
     """peers.py's JobSet, its pods held Running, restarted whole by failurePolicy up to MAX_RESTARTS.
 
-    Without webhooks it carries what JobSet's mutating webhook would have set (webhooks.Default in
-    v0.12.0): the manager dereferences spec.network unchecked (dnsHostnamesEnabled,
-    jobset_controller.go:1155) and panics on every reconcile of a JobSet admitted without it."""
+    Without webhooks it carries what JobSet's mutating webhook would have set (`peers.without_webhooks`)."""
     body = peers.jobset(name, workers, "1s")
     job = body["spec"]["replicatedJobs"][0]["template"]["spec"]
     job["template"]["metadata"]["annotations"][HOLD] = "true"
     body["spec"]["failurePolicy"] = {"maxRestarts": MAX_RESTARTS}
-    if not webhooks:
-        body["spec"] |= {
-            "successPolicy": {"operator": "All"},
-            "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
-            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-        }
-        job["completionMode"] = "Indexed"  # the pod template's restartPolicy is already set (Never)
-    return body
+    return body if webhooks else peers.without_webhooks(body)
 
 
 def nodes_for(workers: int) -> int:
@@ -246,7 +237,7 @@ def failure_phase(rig: Rig, victim: str, new_pods: int, settle: float) -> dict[s
 def run_system(system: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Every phase of `args.phases` that applies to `system`, in one fresh cluster."""
     w = args.workers
-    kind = "kubetrain" if system == "kubetrain" else "jobset"
+    kind = peers.kind_of(system)
     webhooks = system == "jobset"
     with peers.measured_cluster(kind, workdir, system, nodes_for(w), webhooks=webhooks, batch_jobs=True) as (
         cluster,
