@@ -342,20 +342,9 @@ def held_out_accuracy(model_file: Path, held_out: datasets.LabeledImages) -> dic
     model's precision)."""
     cpu = torch.device("cpu")
     trained = artifacts.load_model(model_file, cpu)
-    dtype = precision.compute_dtype(trained.config.precision, cpu)
     scores = {}
     for views in ("none", "run"):
-        flip_tta, translate_tta = evaluation.chosen_views(views, trained.config)
-        result = evaluation.evaluate(
-            trained.model,
-            held_out,
-            trained.preprocessing,
-            device=cpu,
-            batch_size=512,
-            flip_tta=flip_tta,
-            translate_tta=translate_tta,
-            dtype=dtype,
-        )
+        result = evaluation.evaluate_saved(trained, held_out, views, device=cpu, batch_size=512)
         scores[views] = round(ClassReport(trained.classes, result.matrix).accuracy, 4)
     return scores
 

@@ -221,7 +221,7 @@ def _device(name: str) -> Any:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a model file on a split of a dataset and print accuracy with the per-class table."""
-    from kubetrain_trainer import artifacts, datasets, evaluation, precision
+    from kubetrain_trainer import artifacts, datasets, evaluation
     from kubetrain_trainer.metrics import ClassReport
 
     logging_setup.configure()
@@ -236,17 +236,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             f"dataset classes {split.classes} differ from the model's classes {trained.classes}"
         )
     data = split.whole() if args.split == "all" else getattr(split, args.split)
-    flip_tta, translate_tta = evaluation.chosen_views(args.tta, trained.config)
-    result = evaluation.evaluate(
-        trained.model,
-        data,
-        trained.preprocessing,
-        device=device,
-        batch_size=args.batch_size,
-        flip_tta=flip_tta,
-        translate_tta=translate_tta,
-        dtype=precision.compute_dtype(trained.config.precision, device),
-    )
+    result = evaluation.evaluate_saved(trained, data, args.tta, device=device, batch_size=args.batch_size)
     report = ClassReport(trained.classes, result.matrix)
     if args.json:
         print(

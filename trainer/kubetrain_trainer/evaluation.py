@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional
 
 from kubetrain_trainer import batches, precision
+from kubetrain_trainer.artifacts import TrainedModel
 from kubetrain_trainer.config import TEST_TIME_VIEWS, TrainerConfig
 from kubetrain_trainer.datasets import LabeledImages
 from kubetrain_trainer.preprocessing import Preprocessing
@@ -118,4 +119,22 @@ def evaluate(
         matrix,
         torch.cat(predictions) if predictions else empty.long(),
         torch.cat(scores) if scores else empty,
+    )
+
+
+def evaluate_saved(
+    trained: TrainedModel, data: LabeledImages, views: str, *, device: torch.device, batch_size: int
+) -> EvalResult:
+    """A saved model scored as `kubetrain evaluate` scores it: with the test-time `views` chosen
+    (`chosen_views`; "run" for those its run validated with) and in the precision it was trained in."""
+    flip_tta, translate_tta = chosen_views(views, trained.config)
+    return evaluate(
+        trained.model,
+        data,
+        trained.preprocessing,
+        device=device,
+        batch_size=batch_size,
+        flip_tta=flip_tta,
+        translate_tta=translate_tta,
+        dtype=precision.compute_dtype(trained.config.precision, device),
     )
