@@ -153,13 +153,20 @@ def _stop_a_restarting_agent(code: ExitCode) -> None:
     os.kill(os.getppid(), signal.SIGTERM)
 
 
-def _report_failure(error: BaseException) -> int:
+def _record_failure(error: BaseException) -> tuple[ExitCode, BaseException]:
+    """The failure's code and the error it stands for, recorded for the kubelet (the first record in the
+    container stays: `termination`)."""
     failure = distributed.peer_failure()
     if failure is not None and classify(error) in {ExitCode.UNEXPECTED_ERROR, ExitCode.PEER_LOST}:
         # What the aborted group raised here only echoes the other rank's failure: name that one.
         error = PeerLostError(f"{failure} (this rank left the group: {type(error).__name__}: {error})")
     code = classify(error)
     _record_exit(code, str(error) or type(error).__name__)
+    return code, error
+
+
+def _report_failure(error: BaseException) -> int:
+    code, error = _record_failure(error)
     if isinstance(error, TrainerError):
         log.error("%s (exit code %d, %s)", error, code, code.name)
     elif code == ExitCode.INTERRUPTED:
@@ -203,7 +210,10 @@ def run_train(args: argparse.Namespace) -> int:
             log.info("done (no validation split), artifacts in %s", result.job_dir)
         return 0
     except BaseException as error:
-        # Before leaving the group: the other ranks may be waiting for this one in a collective.
+        # Recorded first, then announced before leaving the group (the other ranks may be waiting for this
+        # one in a collective): a rank told of it records PEER_LOST, and the container's record, which
+        # the first process to fail writes, must be this root cause (say a data error, not retried).
+        _record_failure(error)
         distributed.announce_failure(f"{type(error).__name__}: {error}")
         raise
     finally:
