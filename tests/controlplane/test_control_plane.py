@@ -36,6 +36,13 @@ def _get(cluster: Cluster, namespace: str, *args: str) -> dict:
     return json.loads(cluster.kubectl("-n", namespace, "get", *args, "-o", "json"))
 
 
+def _pod_phases(cluster: Cluster, namespace: str, job: str) -> list[str | None]:
+    """The phases of the Job's pods: none until the Job controller has created one, which a wait must
+    allow for."""
+    pods = _get(cluster, namespace, "pods", "-l", f"job-name={job}")["items"]
+    return [pod["status"].get("phase") for pod in pods]
+
+
 def _only_pod(cluster: Cluster, namespace: str, job: str) -> dict:
     pods = _get(cluster, namespace, "pods", "-l", f"job-name={job}")["items"]
     assert len(pods) == 1, f"expected one pod for job {job}, got {len(pods)}"
@@ -113,9 +120,7 @@ def test_fail_attempt_annotation_spares_pods_of_other_attempts(cluster: Cluster,
 def test_held_pod_keeps_running_until_deleted(cluster: Cluster, namespace: str) -> None:
     job = _job("held", annotations={"sim.kubetrain.io/hold": "true"})
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input_text=json.dumps(job))
-    wait_for(
-        lambda: _only_pod(cluster, namespace, "held")["status"].get("phase") == "Running", what="Running"
-    )
+    wait_for(lambda: _pod_phases(cluster, namespace, "held") == ["Running"], what="Running")
     time.sleep(3)  # three times the default run-for: a pod that was not held would have ended by now
     assert _only_pod(cluster, namespace, "held")["status"]["phase"] == "Running"
     cluster.kubectl("-n", namespace, "delete", "job", "held", "--cascade=foreground", "--timeout=60s")
