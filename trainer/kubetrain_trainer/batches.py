@@ -94,13 +94,6 @@ def fits_on_device(needed_bytes: int, free_bytes: int) -> bool:
     return needed_bytes <= DEVICE_SHARE * free_bytes
 
 
-def resident_bytes(images: int, image_size: int, augment: bool, crop_padding: int) -> int:
-    """What a device copy of a training set holds: the images, int64 labels and, with augment, the
-    padded copy the crops gather from."""
-    padded = images * 3 * (image_size + 2 * crop_padding) ** 2 if augment else 0
-    return images * (3 * image_size**2 + 8) + padded
-
-
 class BatchLoader:
     """Yields (normalised float images, labels) for one rank; `set_epoch` selects the epoch and offset.
 

@@ -127,6 +127,12 @@ class DataBudget:
     def padded_image_bytes(self) -> int:
         return 3 * (self.image_size + 2 * self.crop_padding) ** 2
 
+    def device_copy_bytes(self, train_images: int) -> int:
+        """What a device copy of a training set holds: the images, int64 labels and, with augment, the
+        padded copy the crops gather from."""
+        padded = train_images * self.padded_image_bytes if self.augment else 0
+        return train_images * (self.image_bytes + 8) + padded
+
     def _common(self, images: int) -> int:
         """What both paths hold besides images: int64 labels, an epoch's int64 order, alternating flips."""
         return 17 * images

@@ -114,8 +114,7 @@ def load_training_data(config: TrainerConfig, world: WorldEnv, device: torch.dev
     train, validation = split.train, split.validation
     preprocessing = fit_preprocessing(train.images, config.data.image_size)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
-    needed = batches.resident_bytes(len(train), config.data.image_size, config.augment, config.crop_padding)
-    resident = holds_resident(device, split.mapped, needed, free)
+    resident = holds_resident(device, split.mapped, budget.device_copy_bytes(len(train)), free)
     if world.is_main:
         log.info(
             "training images %s, batches %s",
