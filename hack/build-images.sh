@@ -82,10 +82,23 @@ if [ -f "$ca_bundle" ]; then
   build_mounts=(--volume "$ca_bundle:/etc/kubetrain-build/ca.crt:ro" --volume "$CACHE_ROOT/images/pip.conf:/etc/pip.conf:ro")
 fi
 
+# Every build moves the tag and leaves the previous image untagged. Without this the cache grew by an
+# image per code change (20 old trainer builds, 12 GB, were found in one cache) and was never reclaimed.
+# Untagged images are removed, with the stamps that named this image's earlier builds.
+forget_older_builds() {
+  local name=$1 current=$2 stamp
+  "$podman" image prune --force >/dev/null
+  for stamp in "$CACHE_ROOT/images/$name"-*; do
+    if [ "$stamp" != "$current" ]; then rm -f "$stamp"; fi
+  done
+}
+
 build_image() {
   local name=$1 ref="$registry/kubetrain-$1:$version"
   local stamp; stamp="$CACHE_ROOT/images/$name-$(content_key "$name")"
   if [ -f "$stamp" ] && "$podman" image exists "$(cat "$stamp")"; then
+    # The tag may point at a build of other content (another checkout's); this content's image gets it back.
+    "$podman" tag "$(cat "$stamp")" "$ref"
     log "$name: $ref up to date"
   else
     log "$name: building $ref"
@@ -94,6 +107,7 @@ build_image() {
     "$podman" build --quiet --pull=never --network=host --layers "${build_mounts[@]}" -f "Dockerfile.$name" -t "$ref" . >"$stamp.tmp" || { rm -f "$stamp.tmp"; exit 1; }
     mv "$stamp.tmp" "$stamp"
     log "$name: built in $(( $(date +%s) - start ))s"
+    forget_older_builds "$name" "$stamp"
   fi
   echo "$ref"
 }

@@ -156,7 +156,15 @@ def test_install_in_a_restricted_namespace_registers_the_crd_and_the_operator_po
     assert "kubectl delete crd trainingjobs.kubetrain.io" in output
 
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
-    assert "FIELD: workers" in cluster.kubectl("explain", "trainingjob.spec.workers")  # served, with schema
+    # Served, with its schema. Established says the REST endpoint serves; the OpenAPI document that
+    # `kubectl explain` reads is published by another controller a moment later (CI saw explain fail
+    # right after Established), so the test waits for it.
+    explained = wait_for(
+        lambda: cluster.kubectl("explain", "trainingjob.spec.workers", check=False),
+        "kubectl explain trainingjob.spec.workers to answer",
+        timeout=60,
+    )
+    assert "FIELD: workers" in explained
     deployment = get_json(cluster, "deployment", fullname(release), "-n", namespace)
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname(release)
 
