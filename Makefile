@@ -50,10 +50,11 @@ images:
 	$(if $(filter podman,$(CONTAINER_ENGINE)),bash hack/install-system-packages.sh)
 	CONTAINER_ENGINE=$(CONTAINER_ENGINE) bash hack/build-images.sh
 
-# The images the tests' real node pulls (its fixture pushes them to the test cluster's registry): always
-# podman's, from the project's own storage (cached by content), whatever engine `make images` picks.
-node-images: system-packages
-	bash hack/build-images.sh
+# The images the tests' real node pulls, built and pushed to the test cluster's registry (its storage in
+# the build cache; a registry on a loopback port takes the push): always podman's, from the project's own
+# storage (cached by content), whatever engine `make images` picks.
+node-images: venv system-packages
+	PYTHONPATH=tests $(BIN)/python -m testcluster push-images
 
 # Both images as $(REGISTRY)/kubetrain-<name>:$(VERSION), e.g. make push REGISTRY=registry.example.com/ml
 # (log in first: docker login / hack/podman login).

@@ -1,9 +1,12 @@
-"""Developer command: `python -m testcluster up|down|status|demo` (PYTHONPATH=tests; see the Makefile).
+"""Developer command: `python -m testcluster up|down|status|demo|push-images` (PYTHONPATH=tests; see the
+Makefile).
 
 `up` starts a detached cluster whose state lives in a fixed directory and prints the KUBECONFIG to
 export; `down` stops every process it started and deletes the directory. `demo` (`make demo-cluster`)
 starts a one-node cluster with real containers, installs the chart, runs examples/cifar10-cpu.yaml on it
-while streaming `kubectl get tj -w`, and keeps the cluster up until Enter or Ctrl-C.
+while streaming `kubectl get tj -w`, and keeps the cluster up until Enter or Ctrl-C. `push-images`
+(`make node-images`) builds the operator and trainer images with podman and pushes them into the real-node
+cluster's registry storage, where its node pulls them from.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from testcluster import quickstart, registry
 from testcluster.cluster import Cluster, start_cluster
-from testcluster.node import real_node_cluster
+from testcluster.node import build_images, real_node_cluster
 
 DEFAULT_DIR = Path(
     os.environ.get("KUBETRAIN_DEV_CLUSTER_DIR", Path.home() / ".cache" / "kubetrain" / "dev-cluster")
@@ -26,7 +30,7 @@ DEFAULT_DIR = Path(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="testcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    parser.add_argument("command", choices=["up", "down", "status", "demo", "push-images"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state directory (default %(default)s)")
     parser.add_argument("--nodes", type=int, default=3, help="number of kwok nodes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "demo":
         return demo()
+    if args.command == "push-images":
+        return push_images()
     if args.command == "up":
         if state.exists():
             print(
@@ -56,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(cluster.alive().values()) else 1
     cluster.stop()
     print(f"dev cluster in {args.dir} stopped and removed", file=sys.stderr)
+    return 0
+
+
+def push_images() -> int:
+    """Build (or find cached) both images and push them into the test cluster's registry storage."""
+    with tempfile.TemporaryDirectory(prefix="kubetrain-push-") as work_dir:
+        for reference, digest in registry.push_to_storage(build_images(), Path(work_dir)).items():
+            print(f"{reference} -> {registry.STORAGE} as {registry.repository(reference)}@{digest}")
     return 0
 
 
