@@ -24,7 +24,7 @@ def test_node_images_pushes_both_builds_into_the_registry_storage_once_and_stops
         "kubetrain-trainer",
     ]
     for reference in references:  # forget earlier pushes of these builds: this push must send them
-        (registry.PUSHED / registry._image_id(reference)).unlink(missing_ok=True)
+        (registry.PUSHED / registry.image_id(reference)).unlink(missing_ok=True)
 
     digests = registry.push_to_storage(references, tmp_path / "first")
 

@@ -68,7 +68,8 @@ def stored_digest(reference: str) -> str | None:
     return link.read_text().strip() if link.is_file() else None
 
 
-def _image_id(reference: str) -> str:
+def image_id(reference: str) -> str:
+    """The local build's image ID in the project's podman storage: what `PUSHED` records pushes by."""
     result = subprocess.run(
         [str(PODMAN), "image", "inspect", "--format", "{{.Id}}", reference],
         capture_output=True, text=True, timeout=120, check=False,
@@ -78,10 +79,10 @@ def _image_id(reference: str) -> str:
     return result.stdout.strip()
 
 
-def already_stored(reference: str) -> str | None:
-    """The digest `reference` was pushed as, when this very build (its image ID) was pushed and the
-    storage's tag still names that push; None when it must be pushed."""
-    record = PUSHED / _image_id(reference)
+def already_stored(reference: str, build: str | None = None) -> str | None:
+    """The digest `reference` was pushed as, when this very build (its image ID, `build` where the caller
+    has it) was pushed and the storage's tag still names that push; None when it must be pushed."""
+    record = PUSHED / (build or image_id(reference))
     if not record.is_file():
         return None
     digest = record.read_text().strip()
@@ -99,7 +100,8 @@ def _push(
     here); containerd 1.6 reads zstd layers. But podman 4.3 compresses every layer again on each push with
     an explicit compression format, to learn digests the registry may already hold: 58-62 s for the
     trainer with nothing new to send. Hence the skip: a build is pushed once."""
-    held = already_stored(reference)
+    build = image_id(reference)
+    held = already_stored(reference, build)
     if held is not None:
         return held
     result = subprocess.run(
@@ -113,7 +115,7 @@ def _push(
         raise RegistryError(f"pushing {reference} failed:\n{result.stdout}{result.stderr}")
     digest = digest_file.read_text().strip()
     PUSHED.mkdir(parents=True, exist_ok=True)
-    (PUSHED / _image_id(reference)).write_text(digest + "\n")
+    (PUSHED / build).write_text(digest + "\n")
     return digest
 
 
