@@ -17,16 +17,26 @@ class _Response:
         self.reason = "Reason"
         self.data = json.dumps(payload).encode()
 
-    def read(self) -> None:
-        pass
+
+class _Pool:
+    """Answers like the urllib3 pool the kubernetes client lends, recording each body as sent."""
+
+    def __init__(self, api: FakeApiClient) -> None:
+        self.api = api
+
+    def request(self, method: str, url: str, *, body: bytes | None, headers: Any, **_: Any) -> _Response:
+        self.api.requests[-1]["body"] = None if body is None else json.loads(body)
+        status, payload = self.api.answers.pop(0)
+        return _Response(status, payload)
 
 
 class FakeApiClient:
-    """Records requests like kubernetes.client.ApiClient's param_serialize/call_api pair."""
+    """Records requests like kubernetes.client.ApiClient's param_serialize and the pool it sends on."""
 
     def __init__(self, answers: list[tuple[int, Any]]) -> None:
         self.answers = answers
         self.requests: list[dict[str, Any]] = []
+        self.rest_client = type("RestClient", (), {"pool_manager": _Pool(self)})()
 
     def param_serialize(
         self,
@@ -38,20 +48,11 @@ class FakeApiClient:
         body: Any,
         auth_settings: Any,
     ) -> tuple[Any, ...]:
+        assert body is None  # the body is encoded by kube, never walked by the client
         self.requests.append(
-            {
-                "method": method,
-                "path": resource_path,
-                "query": query_params,
-                "headers": header_params,
-                "body": body,
-            }
+            {"method": method, "path": resource_path, "query": query_params, "headers": header_params}
         )
         return method, "https://api" + resource_path, header_params, body, None
-
-    def call_api(self, method: str, url: str, *, header_params: Any, body: Any, _request_timeout: Any) -> Any:
-        status, payload = self.answers.pop(0)
-        return _Response(status, payload)
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
         "planner",
     ),
     "runtime": (
+        "watchstream",
         "kube",
         "leader",
         "health",

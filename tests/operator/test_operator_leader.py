@@ -346,7 +346,7 @@ def test_a_refusing_fence_stops_the_write_before_it_is_sent() -> None:
     client = kube.Kube(api, fence=refuse)
     with pytest.raises(
         leader.LeadershipLostError
-    ):  # not IndexError: call_api, with no answer left, never ran
+    ):  # not IndexError: the pool, with no answer left, was never asked
         client.delete("Job", "ns", "x")
 
 

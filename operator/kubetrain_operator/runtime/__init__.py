@@ -1,6 +1,7 @@
 """The I/O shell on a cluster: reads the API into the cache, runs the planner, writes what it decided.
 
 Modules, in order (each imports only those before it, `api/` and `planning/`):
+- `watchstream`: watch answers cut into lines straight from the connection;
 - `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
 - `leader`: Lease election, pure decisions and the requests that act on them;
 - `health`: the liveness endpoint a standby answers until kopf serves it;

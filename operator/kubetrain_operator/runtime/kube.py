@@ -20,6 +20,7 @@ import orjson
 import urllib3
 
 from kubetrain_operator.api import constants
+from kubetrain_operator.runtime import watchstream
 
 JOB_PATHS = {
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
@@ -155,32 +156,43 @@ class Kube:
         timeout: Any,
         preload: bool,
     ) -> Any:
-        """One request with the client's authentication; the response read (`preload`) or left to stream.
-        Transport-level failures raise ApiError with status 0."""
-        from kubernetes.client.exceptions import ApiException
+        """One request with the client's authentication; the urllib3 response, read (`preload`) or left to
+        stream. Transport-level failures raise ApiError with status 0.
 
+        The official client lends the URL, the headers and the credentials (`param_serialize`, which
+        refreshes an expiring token) and its connection pool; the body is encoded here with orjson and
+        sent on that pool. Its own `call_api` would walk every manifest to sanitise it and encode it
+        with `json.dumps`: a fifth of the request path's CPU when 500 jobs create their Jobs."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        _, full_url, headers, serialized, _ = self._client.param_serialize(
+        _, full_url, headers, _, _ = self._client.param_serialize(
             method=method,
             resource_path=url,
             query_params=query,
             header_params=headers,
-            body=body,
+            body=None,
             auth_settings=["BearerToken"],
+        )
+        data = None if body is None else orjson.dumps(body)
+        limit = (
+            urllib3.Timeout(connect=timeout[0], read=timeout[1])
+            if isinstance(timeout, tuple)
+            else urllib3.Timeout(total=timeout)
         )
         if self._fence is not None and method != "GET":
             self._fence()  # as late as possible: nothing but the send itself comes after it
         try:
-            response = self._client.call_api(
-                method, full_url, header_params=headers, body=serialized, _request_timeout=timeout
+            return self._client.rest_client.pool_manager.request(
+                method,
+                full_url,
+                body=data,
+                headers=headers,
+                timeout=limit,
+                preload_content=preload,
             )
-            if preload:
-                response.read()
-        except ApiException as exc:
-            raise ApiError(exc.status or 0, exc.reason or "Error", str(exc)) from exc
-        return response
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, type(exc).__name__, str(exc)) from exc
 
     # --- objects
 
@@ -228,17 +240,17 @@ class Kube:
             ("timeoutSeconds", str(timeout_seconds)),
         ] + ([("labelSelector", label_selector)] if label_selector else [])
         url = collection_path(kind, namespace)
-        response = self._send("GET", url, query=query, timeout=(10.0, timeout_seconds + 30.0), preload=False)
-        stream = response.response
+        stream = self._send("GET", url, query=query, timeout=(10.0, timeout_seconds + 30.0), preload=False)
         try:
             if not 200 <= stream.status < 300:
                 _payload(stream.status, stream.reason, stream.read())  # raises the server's error
-            for line in stream:
+            for line in watchstream.lines(stream):
                 if line.strip():
                     yield orjson.loads(line)
         except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
             raise ApiError(0, "WatchBroken", f"{kind} watch stream broke: {exc}") from exc
         finally:
+            stream.close()  # read past http.client (`watchstream`), or left unfinished: never reused
             stream.release_conn()
 
     def list_pages(

@@ -1,0 +1,95 @@
+"""The lines of a watch stream, read straight from the connection.
+
+A watch answer is an HTTP/1.1 chunked body (RFC 9112, section 7.1) of JSON lines, and the API server
+sends each event in a chunk of its own. urllib3's line iterator reads such a body one chunk at a time,
+through about ten Python calls per chunk (a readline for the size, two reads, a decoder and a generator
+per layer): at 500 jobs of 4 workers some 20,000 Job and Pod events arrive, and that iteration was 9%
+of the operator's CPU in a py-spy profile. Here the connection's buffered reader hands over whatever has
+arrived (many chunks at once in a burst) and the framing is cut with bytes operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import urllib3
+
+READ_SIZE = 1 << 16
+"""Most bytes taken from the connection at once."""
+
+MAX_SIZE_LINE = 1024
+"""Longest chunk-size line accepted (hex digits and extensions); anything longer is not HTTP."""
+
+
+def lines(response: urllib3.HTTPResponse) -> Iterator[bytes]:
+    """The lines of a streamed answer, without their newlines, as they arrive. The answer is closed after:
+    this reader, not http.client, consumed it, so its connection must not carry another request."""
+    raw: Any = getattr(response, "_fp", None)  # the http.client response urllib3 wraps
+    reader = getattr(raw, "fp", None)
+    encoding = response.headers.get("Content-Encoding", "identity")
+    if not response.chunked or reader is None or encoding != "identity":
+        for line in response:  # not the API server's usual answer: urllib3's own iteration
+            yield line.rstrip(b"\n")
+        return
+    try:
+        yield from dechunked_lines(lambda: reader.read1(READ_SIZE))
+    finally:
+        response.close()
+
+
+def dechunked_lines(read: Callable[[], bytes]) -> Iterator[bytes]:
+    """The lines of a chunked body, without their newlines, from `read`,
+    which returns the next bytes received, b"" when the connection closed. Trailers after the last chunk
+    are not read. Raises urllib3's ProtocolError for a body that is not chunked framing or that ends
+    early."""
+    framed = b""  # received, framing not yet cut
+    payload = bytearray()  # the current line so far
+    data_left = 0  # bytes of the current chunk's data still to come
+    crlf_due = False  # the CRLF after a chunk's data
+    while True:
+        received = read()
+        if not received:
+            raise urllib3.exceptions.ProtocolError("the watch stream ended inside its chunked body")
+        framed = framed + received if framed else received
+        pos, finished = 0, False
+        while True:
+            if data_left:
+                taken = framed[pos : pos + data_left]
+                payload += taken
+                pos += len(taken)
+                data_left -= len(taken)
+                if data_left:
+                    break
+                crlf_due = True
+            if crlf_due:
+                if len(framed) - pos < 2:
+                    break
+                if framed[pos : pos + 2] != b"\r\n":
+                    raise urllib3.exceptions.ProtocolError("a chunk's data is not followed by CRLF")
+                pos += 2
+                crlf_due = False
+            end = framed.find(b"\r\n", pos)
+            if end < 0:
+                if len(framed) - pos > MAX_SIZE_LINE:
+                    raise urllib3.exceptions.ProtocolError("a chunk-size line is too long")
+                break
+            try:
+                size = int(framed[pos:end].split(b";", 1)[0], 16)
+            except ValueError:
+                raise urllib3.exceptions.ProtocolError(f"bad chunk size {framed[pos:end]!r}") from None
+            pos = end + 2
+            if size == 0:
+                finished = True
+                break
+            data_left = size
+        framed = framed[pos:]
+        if b"\n" in payload:
+            *complete, rest = payload.split(b"\n")
+            for line in complete:
+                yield bytes(line)
+            payload = rest
+        if finished:
+            if payload:
+                yield bytes(payload)
+            return
