@@ -44,7 +44,7 @@ def dechunked_lines(read: Callable[[], bytes]) -> Iterator[bytes]:
     are not read. Raises urllib3's ProtocolError for a body that is not chunked framing or that ends
     early."""
     framed = b""  # received, framing not yet cut
-    payload = bytearray()  # the current line so far
+    pending: list[bytes] = []  # the current line's pieces so far, when it spans chunks or reads
     data_left = 0  # bytes of the current chunk's data still to come
     crlf_due = False  # the CRLF after a chunk's data
     while True:
@@ -52,13 +52,24 @@ def dechunked_lines(read: Callable[[], bytes]) -> Iterator[bytes]:
         if not received:
             raise urllib3.exceptions.ProtocolError("the watch stream ended inside its chunked body")
         framed = framed + received if framed else received
-        pos, finished = 0, False
+        pos = 0
         while True:
             if data_left:
                 taken = framed[pos : pos + data_left]
-                payload += taken
                 pos += len(taken)
                 data_left -= len(taken)
+                # Most chunks hold one whole line: it is yielded as it is, nothing joined or split.
+                start = 0
+                while (newline := taken.find(b"\n", start)) >= 0:
+                    if pending:
+                        pending.append(taken[start:newline])
+                        yield b"".join(pending)
+                        pending.clear()
+                    else:
+                        yield taken[start:newline]
+                    start = newline + 1
+                if start < len(taken):
+                    pending.append(taken[start:])
                 if data_left:
                     break
                 crlf_due = True
@@ -80,16 +91,8 @@ def dechunked_lines(read: Callable[[], bytes]) -> Iterator[bytes]:
                 raise urllib3.exceptions.ProtocolError(f"bad chunk size {framed[pos:end]!r}") from None
             pos = end + 2
             if size == 0:
-                finished = True
-                break
+                if pending:
+                    yield b"".join(pending)
+                return
             data_left = size
         framed = framed[pos:]
-        if b"\n" in payload:
-            *complete, rest = payload.split(b"\n")
-            for line in complete:
-                yield bytes(line)
-            payload = rest
-        if finished:
-            if payload:
-                yield bytes(payload)
-            return
