@@ -162,8 +162,8 @@ class Kube:
 
         The official client lends the URL, the headers and the credentials (`param_serialize`, which
         refreshes an expiring token) and its connection pool; the body is encoded here with orjson and
-        sent on that pool. Its own `call_api` would walk every manifest to sanitise it and encode it
-        with `json.dumps`: a fifth of the request path's CPU when 500 jobs create their Jobs."""
+        sent on that pool. Its own `call_api` would walk every manifest to sanitise it (3% of the
+        operator's CPU samples when 500 jobs create their Jobs) and encode it again with `json.dumps`."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
