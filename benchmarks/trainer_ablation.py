@@ -2,13 +2,15 @@
 `--recipe sprint`, of examples/cifar10-sprint.yaml) trained for a fixed number of epochs, then again with one
 piece at a time turned back to the plain choice (for the sprint: to the fast recipe's choice).
 
-Every run has the same data (real CIFAR-10 JPEGs, the last 500 images of every class held out, as in
-trainer_speed.py), epochs, width and seed; decoded images are cached before the first run, so the times
+Every run has the same data (real CIFAR-10 JPEGs, 4,000 images of every class for training and one of
+trainer_speed.py's held-out splits of 500 scored, by default `tune`: ablations are tuning), epochs, width,
+precision and seed; decoded images are cached before the first run, so the times
 are training only and every run pays the same. The recipe runs first and last: the difference between its
 two runs is the machine's noise (time) and the figure to read the others against.
 
     python benchmarks/trainer_ablation.py --epochs 2 --width 16
     python benchmarks/trainer_ablation.py --recipe sprint --epochs 1.5
+    python benchmarks/trainer_ablation.py --epochs 8.4 --precision fp32 --suffix budget-fp32
 
 Results go to benchmarks/results/trainer-recipe-ablation[-sprint].{json,md}.
 """
@@ -32,7 +34,15 @@ from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.trainer import build_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_speed import RECIPE_FILE, RESULTS, SPRINT_FILE, machine_info, prepare_data, recipe_config
+from trainer_speed import (
+    RECIPE_FILE,
+    RESULTS,
+    SPLITS,
+    SPRINT_FILE,
+    machine_info,
+    prepare_data,
+    recipe_config,
+)
 
 FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "recipe": ("the recipe as in examples/cifar10-fast.yaml", {}),
@@ -100,8 +110,9 @@ def write_results(results: dict[str, Any], name: str) -> None:
         f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, load average "
         f"at start {'/'.join(f'{v:.1f}' for v in machine['load_average_at_start'])}, at end "
         f"{'/'.join(f'{v:.1f}' for v in machine['load_average_at_end'])} (other work shared the cores)  ",
-        f"Each run: {results['epochs']} epochs at width {results['width']} from `{results['recipe']}`, seed "
-        "and data identical, decoded "
+        f"Each run: {results['epochs']} epochs at width {results['width']} in {results['precision']} from "
+        f"`{results['recipe']}`, scored on the held-out split {results['split']}, seed and data identical, "
+        "decoded "
         "images cached (training time only). The recipe ran first and last; deltas are against the mean of "
         f"its runs ({reference:.4f}).",
         "",
@@ -127,6 +138,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, help="override the recipe's width (the fast runs used 16)")
     parser.add_argument("--variants", help="comma-separated subset, in order (default: all of the recipe's)")
     parser.add_argument("--suffix", default="", help="appended to the results file name")
+    parser.add_argument(
+        "--split", choices=SPLITS, default="tune", help="held-out split scored (see trainer_speed)"
+    )
+    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], help="every run in this precision")
     args = parser.parse_args()
     recipe, variants = RECIPES[args.recipe]
     chosen = [name for name in (args.variants or ",".join(variants)).split(",") if name]
@@ -135,20 +150,26 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(variants)}")
     order = ["recipe", *(name for name in chosen if name != "recipe"), "recipe"]
     torch.set_num_threads(2)
-    root = prepare_data(args.source.resolve(), args.work, None)
+    root = prepare_data(args.source.resolve(), args.work, args.split, None)
     datasets.load_image_folder(root, 32, cache=True)  # decode once, outside every timed run
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": machine_info(),
         "recipe": str(recipe.relative_to(recipe.parent.parent)),
         "epochs": args.epochs,
+        "split": args.split,
+        "precision": args.precision or yaml.safe_load(recipe.read_text())["spec"]["trainer"]["precision"],
         "width": args.width or yaml.safe_load(recipe.read_text())["spec"]["trainer"]["width"],
         "runs": [],
     }
     name = "trainer-recipe-ablation" + ("" if args.recipe == "fast" else f"-{args.recipe}")
     name += f"-{args.suffix}" if args.suffix else ""
     out = args.work / "ablation-output"
-    base = {"epochs": args.epochs, **({"width": args.width} if args.width else {})}
+    base = {
+        "epochs": args.epochs,
+        **({"width": args.width} if args.width else {}),
+        **({"precision": args.precision} if args.precision else {}),
+    }
     for number, variant in enumerate(order):
         description, overrides = variants[variant]
         run = run_variant(root, out, f"{variant}-{number}", deep_merge(base, overrides), recipe)
