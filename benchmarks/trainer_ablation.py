@@ -109,7 +109,8 @@ def write_results(results: dict[str, Any], name: str) -> None:
         f"Command: `{results['command']}`  ",
         f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, torch {machine['torch']}, load average "
         f"at start {'/'.join(f'{v:.1f}' for v in machine['load_average_at_start'])}, at end "
-        f"{'/'.join(f'{v:.1f}' for v in machine['load_average_at_end'])} (other work shared the cores)  ",
+        f"{'/'.join(f'{v:.1f}' for v in machine['load_average_at_end'])} (this benchmark's own two threads "
+        "count in it)  ",
         f"Each run: {results['epochs']} epochs at width {results['width']} in {results['precision']} from "
         f"`{results['recipe']}`, scored on the held-out split {results['split']}, seed and data identical, "
         "decoded "
