@@ -32,6 +32,8 @@ Runs, side by side on the same machine and data:
     python benchmarks/trainer_speed.py                  # full, --split report (long on 2 cores)
     python benchmarks/trainer_speed.py --split tune     # while tuning a recipe
     python benchmarks/trainer_speed.py --quick          # 1,000 training images per class, 2 seed epochs
+    python benchmarks/trainer_speed.py --parts recipe --recipes budget --split tune \
+        --seed-from R.json --budget-recipe CANDIDATE.yaml   # a candidate's budget, the seed's time from R
 
 Results (figures plus machine info: whether the CPU has AMX, which bf16 needs to be fast) go to
 benchmarks/results/trainer-speed[-quick]...-<split>[-<precision>].{json,md} (`--results-dir` elsewhere).
@@ -538,8 +540,13 @@ def run_ddp(root: Path, out: Path, epochs: int) -> dict[str, Any]:
 
 
 def _recipe_record(recipe: Path) -> dict[str, Any]:
+    """The recipe file (relative to the repository when in it: a candidate while tuning may be elsewhere)
+    and its trainer config."""
+    resolved = recipe.resolve()
     return {
-        "file": str(recipe.relative_to(EXAMPLES.parent)),
+        "file": str(
+            resolved.relative_to(EXAMPLES.parent) if resolved.is_relative_to(EXAMPLES.parent) else resolved
+        ),
         "trainer": yaml.safe_load(recipe.read_text())["spec"]["trainer"],
     }
 
@@ -569,20 +576,17 @@ def _table_rows(results: dict[str, Any]) -> list[str]:
     rows = []
     seed = results.get("seed")
     if seed:
+        taken = f" (taken from {seed['from']})" if "from" in seed else ""
         rows.append(
-            f"| seed loop: wall time, images/s, held-out acc | {seed['wall_seconds']}s, "
+            f"| seed loop: wall time, images/s, held-out acc{taken} | {seed['wall_seconds']}s, "
             f"{seed['images_per_second']} img/s, {seed['val_accuracy']} | - | - |"
         )
     sprint, budget = results.get("recipe_sprint"), results.get("recipe_budget")
-    if seed and sprint and budget:
+    if seed and sprint:
         reach = sprint["seconds_to_seed_accuracy"]
         reach_warm = sprint["seconds_to_seed_accuracy_excluding_setup"]
         limit = seed["wall_seconds"] * TARGETS["sprint_share"]
         share = f"<= 1/{SPRINT_SHARE} ({TARGETS['sprint_share']:.3f})"
-        accuracy = TARGETS["budget_accuracy"]
-        budget_met = (
-            budget["seconds"] <= seed["wall_seconds"] and budget["held_out_accuracy_no_tta"] >= accuracy
-        )
         rows += [
             f"| recipe sprint: time to seed's accuracy (per-epoch validation, with TTA), decoding included | "
             f"{_share(reach, seed)} | {share} | {'yes' if reach and reach <= limit else 'no'} |",
@@ -590,6 +594,13 @@ def _table_rows(results: dict[str, Any]) -> list[str]:
             f"{share} | {'yes' if reach_warm and reach_warm <= limit else 'no'} |",
             f"| recipe sprint: final model's held-out acc without / with TTA | {_accuracies(sprint)} "
             "| - | - |",
+        ]
+    if seed and budget:
+        accuracy = TARGETS["budget_accuracy"]
+        budget_met = (
+            budget["seconds"] <= seed["wall_seconds"] and budget["held_out_accuracy_no_tta"] >= accuracy
+        )
+        rows += [
             f"| recipe budget: held-out acc without TTA at seed's wall time | {_budget_figure(budget, seed)} "
             f"| >= {accuracy} | {'yes' if budget_met else 'no'} |",
             f"| recipe budget: final model's held-out acc without / with TTA | {_accuracies(budget)} "
@@ -621,7 +632,9 @@ def _machine_line(machine: dict[str, Any]) -> str:
         f"Machine: {machine['nproc']} cores, {machine['cpu_model']} (family/model "
         f"{machine['cpu_family_model']}; {flags}: {kind}), torch {machine['torch']}, "
         f"load average at start {_load(machine['load_average_at_start'])}, "
-        f"at end {_load(machine['load_average_at_end'])} (other work shared the cores)  "
+        f"at end {_load(machine['load_average_at_end'])}"
+        + (f" ({machine['note']})" if machine.get("note") else "")
+        + "  "
     )
 
 
@@ -648,30 +661,35 @@ def write_results(results: dict[str, Any], directory: Path, name: str) -> Path:
         *_table_rows(results),
         "",
     ]
-    if "recipe_budget" in results:
-        seed, sprint, budget = results["seed"], results["recipe_sprint"], results["recipe_budget"]
+    runs = [(name, results[f"recipe_{name}"]) for name in ("sprint", "budget") if f"recipe_{name}" in results]
+    if runs:
+        seed = results["seed"]
+        files = {"sprint": results["sprint_recipe"], "budget": results["recipe"]}
         lines += [
-            f"Recipes in precision {sprint['precision']} (sprint, {sprint['compute_dtype']}) and "
-            f"{budget['precision']} (budget, {budget['compute_dtype']}). Held-out accuracy is the final "
-            "model.pt's, scored as `kubetrain evaluate --tta none` and `--tta run` score it.",
+            "Recipes in precision "
+            + " and ".join(f"{run['precision']} ({label}, {run['compute_dtype']})" for label, run in runs)
+            + ". Held-out accuracy is the final model.pt's, scored as `kubetrain evaluate --tta none` and "
+            "`--tta run` score it.",
             "",
             "CPU seconds (user + system of the benchmark process and of its reaped children, so the "
             f"Trainer's decoder processes count; less sensitive to other work than wall time): seed "
             f"{seed['cpu_seconds']} training ({seed['cpu_seconds_with_validation']} with its per-epoch "
-            f"validation); sprint {sprint['cpu_seconds']} and budget {budget['cpu_seconds']}, each the "
-            "whole run with its per-epoch validation and artifacts, of which set-up "
-            f"{sprint['setup_cpu_seconds']} and {budget['setup_cpu_seconds']} (decoder processes "
-            f"{sprint['decoder_cpu_seconds']} and {budget['decoder_cpu_seconds']}).",
-            "",
-            f"Sprint: `{results['sprint_recipe']['file']}`, "
-            f"spec.trainer {json.dumps(results['sprint_recipe']['trainer'])}, sized to {sprint['epochs']} "
-            "epochs.",
-            "",
-            f"Budget: `{results['recipe']['file']}`, "
-            f"spec.trainer {json.dumps(results['recipe']['trainer'])}, sized to {budget['epochs']} epochs. "
-            "Per-epoch curves in the JSON.",
+            "validation); "
+            + "; ".join(
+                f"{label} {run['cpu_seconds']}, of which set-up {run['setup_cpu_seconds']} (decoder "
+                f"processes {run['decoder_cpu_seconds']})"
+                for label, run in runs
+            )
+            + ", each the whole run with its per-epoch validation and artifacts.",
             "",
         ]
+        for label, run in runs:
+            lines += [
+                f"{label.capitalize()}: `{files[label]['file']}`, spec.trainer "
+                f"{json.dumps(files[label]['trainer'])}, sized to {run['epochs']} epochs.",
+                "",
+            ]
+        lines += ["Per-epoch curves in the JSON.", ""]
     markdown = directory / f"{name}.md"
     markdown.write_text("\n".join(lines))
     return markdown
@@ -699,17 +717,37 @@ def main() -> None:
         help="run both recipes in this precision (default: each recipe file's own)",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the JSON and Markdown go")
+    parser.add_argument(
+        "--recipes", default="sprint,budget", help="which recipe runs the recipe part makes (sprint, budget)"
+    )
+    parser.add_argument(
+        "--budget-recipe",
+        type=Path,
+        default=RECIPE_FILE,
+        help="a TrainingJob file whose spec.trainer the budget run trains (a candidate, while tuning)",
+    )
+    parser.add_argument(
+        "--seed-from",
+        type=Path,
+        help="take the seed's figures from this earlier results JSON (same machine) instead of running the "
+        "seed again: for tuning runs, never for published figures",
+    )
+    parser.add_argument("--machine-note", default="", help="what else ran on the machine meanwhile")
     args = parser.parse_args()
     torch.set_num_threads(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     parts = set(args.parts.split(","))
-    if parts - PARTS or ("recipe" in parts and "seed" not in parts):
-        parser.error(f"--parts takes a subset of {','.join(sorted(PARTS))}; recipe needs seed")
-
+    if parts - PARTS or ("recipe" in parts and "seed" not in parts and args.seed_from is None):
+        parser.error(f"--parts takes a subset of {','.join(sorted(PARTS))}; recipe needs seed or --seed-from")
+    recipes = set(args.recipes.split(","))
+    if not recipes or recipes - {"sprint", "budget"}:
+        parser.error("--recipes takes sprint, budget or both")
+    earlier = json.loads(args.seed_from.read_text()) if args.seed_from else None
     root = prepare_data(args.source.resolve(), args.work, args.split, 1000 if args.quick else None)
     seed_epochs = args.seed_epochs or (2 if args.quick else 10)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "machine": machine_info()}
+    results["machine"]["note"] = args.machine_note
     train_idx, val_idx = _seed_split(root)
     held = "first" if args.split == "report" else "last"
     results["data"] = {
@@ -721,16 +759,24 @@ def main() -> None:
     }
     if "seed" in parts:
         results["seed"] = seed = run_seed(root, seed_epochs)
+    elif earlier is not None:
+        # Its time is what sizes the runs; its accuracy (the sprint's target) is on its own split.
+        results["seed"] = seed = {
+            **earlier["seed"],
+            "from": f"{args.seed_from}, split {earlier['data']['split']}",
+        }
     if "recipe" in parts:
-        results["recipe"] = _recipe_record(RECIPE_FILE)
+        results["recipe"] = _recipe_record(args.budget_recipe)
         results["sprint_recipe"] = _recipe_record(SPRINT_FILE)
         target, budget = seed["val_accuracy"], seed["wall_seconds"]
         out = args.work / "recipe-output"
         sprint_seconds = budget * TARGETS["sprint_share"]
         for label, recipe, seconds, fill in (
             ("sprint", SPRINT_FILE, sprint_seconds, SPRINT_FILL),
-            ("budget", RECIPE_FILE, budget, BUDGET_FILL),
+            ("budget", args.budget_recipe, budget, BUDGET_FILL),
         ):
+            if label not in recipes:
+                continue
             results[f"recipe_{label}"] = run_recipe(
                 root,
                 out,
