@@ -121,9 +121,16 @@ class Node:
         return self.directory / "certs.d"
 
     def container_pid(self, namespace: str, pod: str, container: str) -> int:
-        """The host pid of a running container's main process (for fault injection)."""
+        """The host pid of a running container's main process (for fault injection). A container the
+        kubelet removes between the listing and its info (an earlier test's pod going) is skipped: the
+        running one looked for is not removed."""
         for line in self.ctr("containers", "list", "--quiet").split():
-            info = json.loads(self.ctr("containers", "info", line))
+            try:
+                info = json.loads(self.ctr("containers", "info", line))
+            except NodeError as exc:
+                if "not found" in str(exc):
+                    continue
+                raise
             labels = info.get("Labels", {})
             if (
                 labels.get("io.kubernetes.pod.namespace") == namespace
