@@ -24,11 +24,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import yaml
 from kubetrain_trainer import datasets
+from kubetrain_trainer.config import Precision
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.trainer import build_trainer
@@ -142,7 +143,7 @@ def main() -> None:
     parser.add_argument(
         "--split", choices=SPLITS, default="tune", help="held-out split scored (see trainer_speed)"
     )
-    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], help="every run in this precision")
+    parser.add_argument("--precision", choices=get_args(Precision), help="every run in this precision")
     args = parser.parse_args()
     recipe, variants = RECIPES[args.recipe]
     chosen = [name for name in (args.variants or ",".join(variants)).split(",") if name]
@@ -151,6 +152,7 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(variants)}")
     order = ["recipe", *(name for name in chosen if name != "recipe"), "recipe"]
     torch.set_num_threads(2)
+    recipe_trainer = yaml.safe_load(recipe.read_text())["spec"]["trainer"]
     root = prepare_data(args.source.resolve(), args.work, args.split, None)
     datasets.load_image_folder(root, 32, cache=True)  # decode once, outside every timed run
     results: dict[str, Any] = {
@@ -159,8 +161,8 @@ def main() -> None:
         "recipe": str(recipe.relative_to(recipe.parent.parent)),
         "epochs": args.epochs,
         "split": args.split,
-        "precision": args.precision or yaml.safe_load(recipe.read_text())["spec"]["trainer"]["precision"],
-        "width": args.width or yaml.safe_load(recipe.read_text())["spec"]["trainer"]["width"],
+        "precision": args.precision or recipe_trainer["precision"],
+        "width": args.width or recipe_trainer["width"],
         "runs": [],
     }
     name = "trainer-recipe-ablation" + ("" if args.recipe == "fast" else f"-{args.recipe}")

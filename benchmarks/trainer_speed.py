@@ -56,12 +56,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import yaml
 from kubetrain_trainer import artifacts, batches, datasets, evaluation, models, precision
-from kubetrain_trainer.config import TrainerConfig
+from kubetrain_trainer.config import Precision, TrainerConfig
 from kubetrain_trainer.config_loading import deep_merge
 from kubetrain_trainer.distributed import WorldEnv
 from kubetrain_trainer.metrics import ClassReport
@@ -713,7 +713,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=["fp32", "bf16", "auto"],
+        choices=get_args(Precision),
         help="run both recipes in this precision (default: each recipe file's own)",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the JSON and Markdown go")
