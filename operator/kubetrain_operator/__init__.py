@@ -9,8 +9,9 @@ in a circle (`tests/operator/test_operator_layers.py` holds the code to this):
 - `planning/`: the pure core, no I/O. Reading children, status, the failure and success policies, child
   manifests, Kueue's admission, and the planner (spec + observed children -> a plan) with one module per
   group policy (`whole_group`, `elastic_group`) over the steps they share (`steps`).
-- `runtime/`: the I/O shell on a cluster. The REST client, leader election, the child cache and its
-  watches, events, metrics, the work queue, the controller that executes plans, kopf's handlers, start.
+- `runtime/`: the I/O shell on a cluster. The REST client, leader election, the cache of TrainingJobs
+  and their children and its watches, events, metrics, the work queue, the controller that executes
+  plans, and the start under kopf.
 - `local/`: the same TrainingJob without a cluster: manifests read from files, and `kubetrain run
   --local` running the workers as processes (a fixed group or an elastic one). Beside `runtime/`: neither
   imports the other.

@@ -3,7 +3,7 @@
     kubetrain operator [--namespace NS ...|--all-namespaces] [--default-image IMG] [--metrics-port N]
                        [--worker-service-account SA [--worker-cluster-role CLUSTERROLE]]
                        [--liveness URL] [--leader-elect] [--no-kueue]
-                       [--posting-level LEVEL] [--verbose] [--log-format plain|full|json]
+                       [--verbose] [--log-format plain|full|json]
                        [--allowed-volume-types TYPE,...] [--allowed-service-accounts NAME,...]
     kubetrain crds [--check] [--root DIR]
     kubetrain validate -f MANIFEST.yaml [-f ...]
@@ -111,11 +111,8 @@ def _parser() -> argparse.ArgumentParser:
         default=env.liveness or "",
         help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz",
     )
-    op.add_argument(
-        "--posting-level", default=env.posting_level, help="kopf log level posted as k8s Events (WARNING)"
-    )
     op.add_argument("--workers", type=int, default=env.workers, help="reconcile threads (default 16)")
-    op.add_argument("--verbose", "-v", action="store_true", help="kopf debug logging, a line per event")
+    op.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     op.add_argument(
         "--log-format",
         choices=LOG_FORMATS,

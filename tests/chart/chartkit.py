@@ -62,10 +62,10 @@ KUEUE_CLUSTER_NEEDS: tuple[tuple[str, str, str], ...] = (
 )
 """kueue.enabled, cluster-scoped: flavors' node labels and tolerations, the priority a queued job names."""
 
-CLUSTER_WIDE_NEEDS: tuple[tuple[str, str, str], ...] = tuple(
+CRD_SCANS: tuple[tuple[str, str, str], ...] = tuple(
     ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")
 )
-"""Only when watching all namespaces: kopf re-scans CRDs at run time to notice (re)installed resources."""
+"""Never granted: the operator scans no CRDs (kopf, which would, handles no objects)."""
 
 WORKER_IDENTITY_NEEDS: tuple[tuple[str, str, str], ...] = (
     ("", "serviceaccounts", "create"),

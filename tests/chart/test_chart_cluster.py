@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from chartkit import (
-    CLUSTER_WIDE_NEEDS,
+    CRD_SCANS,
     FORBIDDEN_RESOURCES,
     KUEUE_CLUSTER_NEEDS,
     KUEUE_NEEDS,
@@ -57,10 +57,6 @@ RELEASE_KINDS = (
     "rolebindings.rbac.authorization.k8s.io",
     "leases.coordination.k8s.io",
 )
-KOPF_SCAN_REFUSAL = re.compile(
-    r"GET \S+/(api/v1/namespaces|apis/apiextensions\.k8s\.io/v1/customresourcedefinitions)(\?\S*)? ->"
-)
-"""kopf's cluster-wide scans: refused by design in namespaced mode, where kopf falls back to the list."""
 REFUSAL = re.compile(r"(?<![,.\d])403\b|Forbidden")
 """An HTTP 403 or a Forbidden error; not the milliseconds of a log timestamp such as `19:55:38,403`."""
 CLUSTER_KINDS = (
@@ -346,7 +342,7 @@ def test_namespaced_install_grants_the_token_exactly_what_the_operator_needs_whe
         *((namespace, *need) for need in OPERATOR_NEEDS),
         *(("default", *need) for need in OPERATOR_NEEDS),
         # Nothing else cluster-scoped.
-        *((None, *need) for need in CLUSTER_WIDE_NEEDS),
+        *((None, *need) for need in CRD_SCANS),
         (None, "", "namespaces", "list"),
         (None, "", "nodes", "list"),
     ]  # fmt: skip
@@ -369,7 +365,7 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     kubeconfig = service_account_kubeconfig(cluster, namespace, release, tmp_path)
     everywhere = (namespace, other_namespace, "default")
     needed: list[Check] = [(ns, *need) for ns in everywhere for need in (*OPERATOR_NEEDS, *KUEUE_NEEDS)]
-    needed += [(None, *need) for need in (*CLUSTER_WIDE_NEEDS, *KUEUE_CLUSTER_NEEDS)]
+    needed += [(None, *need) for need in KUEUE_CLUSTER_NEEDS]
     # Leader election: its Lease in the release namespace, by name; no other Lease anywhere.
     needed += [(namespace, *need, fullname(release)) for need in LEADER_NEEDS_BY_NAME]
     refused: list[Check] = [
@@ -380,6 +376,7 @@ def test_cluster_wide_install_grants_the_token_the_operator_needs_everywhere_and
     ]
     refused += [(other_namespace, *extra) for extra in NOT_NEEDED]
     refused += [(None, "kopf.dev", "clusterkopfpeerings", "patch")]  # no kopf peering
+    refused += [(None, *scan) for scan in CRD_SCANS]
     refused += [(namespace, *need, "kube-controller-manager") for need in LEADER_NEEDS_BY_NAME]
     refused += [(other_namespace, *need) for need in LEADER_NEEDS_BY_NAME]
     refused += [(ns, "coordination.k8s.io", "leases", "create") for ns in everywhere]
@@ -515,13 +512,9 @@ def test_operator_runs_on_the_charts_token_and_finishes_a_job_in_a_restricted_na
     for pod in workers:
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
         assert pod["spec"]["schedulingGroup"] == {"podGroupName": "rbac-proof-r0"}
-    # Without a ClusterRole, kopf's cluster-scoped scans (namespaces, CRDs) are refused and kopf falls
-    # back to the given namespaces, as documented. Nothing the operator does in its namespace is refused.
-    # (kopf retries those refused scans for about a minute before falling back; an operator that sets
-    # settings.scanning.disabled in namespaced mode skips them and starts in seconds.)
+    # Nothing the operator asks is refused: it scans no namespaces or CRDs, in either mode.
     refused = [line for line in log.splitlines() if REFUSAL.search(line)]
-    unexpected = [line for line in refused if not (namespaced and KOPF_SCAN_REFUSAL.search(line))]
-    assert unexpected == [], "\n".join(unexpected)
+    assert refused == [], "\n".join(refused)
 
 
 def worker_pod(namespace: str, name: str) -> dict[str, Any]:

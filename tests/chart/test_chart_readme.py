@@ -199,7 +199,7 @@ def test_watching_all_namespaces_grants_the_tables_and_what_the_rbac_section_add
     helm_bin: Path, tmp_path: Path
 ) -> None:
     """The default install's ClusterRole: both tables, plus only rules whose resource and verbs the RBAC
-    section names in its text (`customresourcedefinitions` list/watch, Kueue's cluster-scoped reads)."""
+    section names in its text (Kueue's cluster-scoped reads)."""
     operator_rules, identity_rules = rbac_tables()
     rbac = section("RBAC: what the operator uses, and nothing else")
     (role,) = operator_objects(render(helm_bin, tmp_path, release=RELEASE), "ClusterRole")

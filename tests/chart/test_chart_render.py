@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from chartkit import (
     CHART_DIR,
-    CLUSTER_WIDE_NEEDS,
     FORBIDDEN_RESOURCES,
     KUEUE_CLUSTER_NEEDS,
     KUEUE_NEEDS,
@@ -81,7 +80,6 @@ def test_default_install_watches_all_namespaces_with_one_cluster_role(helm_bin: 
     ]
     assert granted(role["rules"]) == (
         set(OPERATOR_NEEDS)
-        | set(CLUSTER_WIDE_NEEDS)
         | set(WORKER_IDENTITY_NEEDS)
         | set(WORKER_ROLE_NEEDS_BY_NAME)
         | set(KUEUE_NEEDS)
@@ -292,7 +290,6 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
         helm_bin,
         tmp_path,
         {
-            "postingLevel": "ERROR",
             "logLevel": "debug",
             "logFormat": "json",
             "workers": 4,
@@ -316,7 +313,7 @@ def test_operator_settings_and_scheduling_values_reach_the_pod(helm_bin: Path, t
     assert pod["tolerations"][0]["key"] == "dedicated"
     assert "nodeAffinity" in pod["affinity"]
     args = operator_container(objects)["args"]
-    assert "--posting-level=ERROR" in args and "--workers=4" in args and "--verbose" in args
+    assert "--workers=4" in args and "--verbose" in args
     assert "--log-format=json" in args
     default_args = operator_container(render(helm_bin, tmp_path))["args"]
     assert "--verbose" not in default_args and "--log-format=full" in default_args
@@ -336,7 +333,6 @@ BAD_VALUES = {
         },
         "prot",
     ),
-    "bad posting level": ({"postingLevel": "verbose"}, "/postingLevel"),
     "zero workers": ({"workers": 0}, "/workers"),
     "bad log level": ({"logLevel": "trace"}, "/logLevel"),
     "bad log format": ({"logFormat": "xml"}, "/logFormat"),
@@ -611,7 +607,7 @@ def test_watching_all_namespaces_the_operator_is_given_the_workers_cluster_role_
     )
     assert [o["metadata"]["name"] for o in of_kind(off, "ClusterRole")] == ["kt-kubetrain"]
     assert granted(only(off, "ClusterRole")["rules"]) == (
-        set(OPERATOR_NEEDS) | set(CLUSTER_WIDE_NEEDS) | set(KUEUE_NEEDS) | set(KUEUE_CLUSTER_NEEDS)
+        set(OPERATOR_NEEDS) | set(KUEUE_NEEDS) | set(KUEUE_CLUSTER_NEEDS)
     )
     assert not [arg for arg in operator_container(off)["args"] if arg.startswith("--worker-")]
 

@@ -218,7 +218,6 @@ def test_operator_help_states_the_defaults_the_parser_uses(monkeypatch: pytest.M
         monkeypatch.delenv(variable)
     text, args = operator_help(), operator_defaults()
     assert f"reconcile threads (default {args.workers})" in text
-    assert f"kopf log level posted as k8s Events ({args.posting_level})" in text
     assert f"{args.log_format} (default:" in text
     assert re.search(r"\{plain,full,json\}", text) and args.log_format in ("plain", "full", "json")
     assert f"default: {args.default_image}," in text

@@ -11,7 +11,7 @@ import pytest
 from kubetrain_operator.api import constants
 from kubetrain_operator.runtime import events
 from kubetrain_operator.runtime.cache import ClusterCache, slim
-from kubetrain_operator.runtime.handlers import needs_workers
+from kubetrain_operator.runtime.controller import needs_workers
 from operator_fakes import NS, job, pod, service, trainingjob
 
 pytestmark = pytest.mark.unit
@@ -184,6 +184,19 @@ def test_a_sweep_keeps_what_is_newer_than_its_listing_and_adds_what_the_watch_mi
     touched = cache.sweep("Job", _pages(missed, snapshot=20), lambda ns: True)
     assert touched == {(NS, "demo")}
     assert len(cache.children(NS, "demo", "Job")) == 2
+
+
+def test_a_sweep_takes_in_what_changed_while_the_watch_was_broken_and_ignores_what_did_not() -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(job(0), 10))
+    cache.observe(_versioned(job(1), 11))
+    finished = _versioned(job(0), 18)
+    finished["status"] = {"succeeded": 1}
+    touched = cache.sweep("Job", _pages(finished, _versioned(job(1), 11), snapshot=20), lambda ns: True)
+    assert touched == {(NS, "demo")}
+    held = {j["metadata"]["name"]: j for j in cache.children(NS, "demo", "Job")}
+    assert held["demo-r0-w0"]["status"] == {"succeeded": 1}
+    assert cache.sweep("Job", _pages(finished, _versioned(job(1), 11), snapshot=21), lambda ns: True) == set()
 
 
 def test_a_sweep_of_one_namespace_leaves_the_others_alone() -> None:

@@ -92,7 +92,6 @@ def test_with_no_flags_the_operator_runs_with_every_option_its_environment_sets(
         "KUBETRAIN_WORKER_CLUSTER_ROLE": "role",
         "KUBETRAIN_METRICS_PORT": "9000",
         "KUBETRAIN_LIVENESS": "http://0.0.0.0:9001/healthz",
-        "KUBETRAIN_POSTING_LEVEL": "ERROR",
         "KUBETRAIN_WORKERS": "3",
         "KUBETRAIN_LOG_FORMAT": "json",
         "KUBETRAIN_LEADER_ELECT": "true",
@@ -145,34 +144,35 @@ def test_the_operator_never_imports_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
-def test_kopf_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
+def test_kopf_handles_no_objects_so_it_writes_nothing_on_trainingjobs_and_puts_no_finalizer() -> None:
     """Deleting a TrainingJob must never hang while the operator is down (GC does the cleanup), and kopf
-    keeps no bookkeeping on it: no change-detecting handlers (which patch annotations), no timers or
-    daemons (which need finalizers). kopf watches TrainingJobs only, to feed the cache and the queue;
-    the children come from the operator's informers. Importing the operator's runtime registers them
-    (an import that only registers is easy to lose to an unused-import cleanup: it happened)."""
+    keeps no bookkeeping on it: kopf runs only the operator's start and stop (importing the runtime
+    registers them), and TrainingJobs and their children come from the operator's informers."""
     import kopf
+    from kubetrain_operator.runtime import main
 
     registry = kopf.get_default_registry()
-    assert not registry._changing.get_all_handlers()
-    assert not registry._spawning.get_all_handlers()
-    watching = registry._watching.get_all_handlers()
-    indexing = registry._indexing.get_all_handlers()
-    assert {h.selector.any_name for h in watching} == {"trainingjobs"}
-    assert {h.selector.any_name for h in indexing} == {"trainingjobs"}
+    for resource_handlers in (
+        registry._changing,
+        registry._spawning,
+        registry._watching,
+        registry._indexing,
+        registry._webhooks,
+    ):
+        assert not resource_handlers.get_all_handlers()
+    activities = {handler.fn for handler in registry._activities.get_all_handlers()}
+    assert {main.configure, main.shutdown} <= activities
 
 
 @pytest.mark.parametrize(
     ("kueue_served", "watched"),
     [
-        (False, ["Job", "Pod", "Service"]),
-        (True, ["Job", "Pod", "ResourceFlavor", "Service", "Workload"]),
+        (False, ["Job", "Pod", "Service", "TrainingJob"]),
+        (True, ["Job", "Pod", "ResourceFlavor", "Service", "TrainingJob", "Workload"]),
     ],
 )
 def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, watched: list[str]) -> None:
     """Kueue's Workloads and ResourceFlavors are watched only where the cluster serves Kueue's API."""
-    import logging
-
     import kopf
     from kubetrain_operator.runtime import kube
 
@@ -205,10 +205,8 @@ def test_startup_settings(monkeypatch: pytest.MonkeyPatch, kueue_served: bool, w
     memo = kopf.Memo()
     main.configure(settings=settings, memo=memo)
     try:
-        assert settings.posting.level == logging.WARNING
+        assert settings.scanning.disabled and not settings.posting.enabled
         assert memo["controller"].workers == 3
-        assert memo["cache"] is memo["controller"].cache
-        assert settings.watching.chunk_size == main.LIST_CHUNK
         assert sorted(i.kind for i in memo["informers"]) == watched
         assert {i.namespace for i in memo["informers"] if i.kind != "ResourceFlavor"} == {"default"}
         assert memo["controller"].defaults.kueue is kueue_served

@@ -882,15 +882,28 @@ def test_an_informer_listing_again_finds_a_job_deleted_while_its_watch_was_broke
     assert fake.creations.count(("Job", "demo-r0-w1")) == 2
 
 
-def test_an_audit_forgets_a_trainingjob_deleted_while_kopfs_watch_was_broken() -> None:
+def test_listing_trainingjobs_again_forgets_one_deleted_while_their_watch_was_broken() -> None:
     fake = _fake_with_job()
     ctl = _controller(fake)
-    ctl.namespaces = [NS]
+    ctl.reconcile(NS, "demo")
+    assert ctl.state_sizes()["active"] == 1
     fake.watch_paused = True
-    del fake.objects[(constants.KIND, NS, "demo")]
-    ctl.audit()
+    del fake.objects[(constants.KIND, NS, "demo")]  # the DELETED event is lost with the connection
+    scope = informer.scopes([NS])[0]
+    informer.Informer(fake, fake.cache, constants.KIND, scope, ctl.trainingjob_changed).relist()  # type: ignore[arg-type]
     assert fake.cache.trainingjob(NS, "demo") is None
-    assert ctl.reconcile(NS, "demo").gone
+    assert ctl.state_sizes()["active"] == 0
+
+
+def test_a_trainingjobs_first_event_asks_for_an_urgent_reconcile_and_its_status_echo_a_routine_one() -> None:
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    asked: list[bool] = []
+    ctl.enqueue = lambda key, urgent=False: asked.append(urgent)  # type: ignore[method-assign]
+    ctl.trainingjob_changed((NS, "demo"))
+    ctl.reconcile(NS, "demo")  # writes its first status, which the cache takes in
+    ctl.trainingjob_changed((NS, "demo"))
+    assert asked == [True, False]
 
 
 def _running(fake: FakeKube, ctl: Controller) -> None:

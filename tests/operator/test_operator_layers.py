@@ -65,7 +65,6 @@ FOLDERS: dict[str, tuple[str, ...]] = {
         "workeridentity",
         "workqueue",
         "controller",
-        "handlers",
         "discovery",
         "main",
     ),

@@ -61,11 +61,18 @@ def _listed(client: kube.Kube, kind: str, namespace: str) -> list[dict[str, Any]
     ]
 
 
+def _ignore(key: tuple[str, str]) -> None:
+    """No reconcile is asked of the informers here: the tests call the controller themselves."""
+
+
 def _informers_list_again(client: kube.Kube, cache: ClusterCache, namespace: str) -> None:
     """What the children's informers tell the cache: every Service, Job and Pod as the API has them now
-    (deletions included); the TrainingJob itself is not touched, as kopf's watch is a stream apart."""
-    for child_informer in informer.informers(client, cache, [namespace], lambda key: None):
-        child_informer.relist()
+    (deletions included); the TrainingJob itself is not touched, as its informer's watch is a stream
+    apart."""
+    children = informer.informers(client, cache, [namespace], on_trainingjob=_ignore, on_child=_ignore)
+    for child_informer in children:
+        if child_informer.kind != constants.KIND:
+            child_informer.relist()
 
 
 def _running_job(client: RecordingKube, namespace: str, name: str) -> tuple[Controller, ClusterCache]:

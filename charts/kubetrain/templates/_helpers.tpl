@@ -94,8 +94,7 @@ The RBAC rules the operator needs in every namespace it watches: exactly the ver
   TrainingJob.
 - pods: read-only, listed and watched (label-selected) for exit codes, readiness and why a worker is
   Pending. Pods go away with their Jobs (propagationPolicy), never deleted directly.
-- events (core v1): the controller creates one per transition and kopf posts its log lines at
-  postingLevel and above; neither patches events.
+- events (core v1): the controller creates one per transition; it never patches events.
 - podgroups (scheduling.volcano.sh, scheduling.x-k8s.io), per gangSchedulers: a TrainingJob with
   spec.gangScheduling gets one PodGroup, fetched and created by the controller, deleted by the garbage
   collector through its ownerReference.

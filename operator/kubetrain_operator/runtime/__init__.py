@@ -5,14 +5,13 @@ Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
 - `leader`: Lease election, pure decisions and the requests that act on them;
 - `health`: the liveness endpoint a standby answers until kopf serves it;
-- `cache`: the children and cluster objects as last seen, filed by owner;
-- `informer`: the watches of the children that fill the cache;
+- `cache`: TrainingJobs, their children and cluster objects as last seen, children filed by owner;
+- `informer`: the watches of TrainingJobs and their children that fill the cache;
 - `events`: Kubernetes Events about TrainingJobs, posted in the background;
 - `metrics`: the Prometheus metrics, and the one endpoint a replica serves them on from its start;
 - `workeridentity`: the workers' ServiceAccount, created where they run;
 - `workqueue`: which TrainingJob is reconciled next, and when;
 - `controller`: plan execution (status first, then deletions, creations and events);
-- `handlers`: kopf handlers that only feed the cache and the queue;
 - `discovery`: Kueue or a gang API installed after the start, noticed without a restart;
 - `main`: the operator's settings and start.
 """

@@ -2,22 +2,21 @@
 
 Why it exists: reading a TrainingJob and its children from the API server before every reconcile cost four
 requests per reconcile (GET TrainingJob, GET Service, LIST Jobs, LIST Pods), most of what the operator
-asked of the API server, while kopf's watches were already delivering every one of those objects. A
+asked of the API server, while watches were already delivering every one of those objects. A
 reconcile now reads this cache and makes requests only to change something.
 
-Fed by kopf for TrainingJobs (see `handlers`: an index handler calls `observe` for every listed, added
-or modified one, an event handler `forget` for deleted ones) and by the `informer` threads for Services,
-Jobs and Pods. The controller plans nothing before kopf's initial listing has been indexed and every
-informer has listed once, so no reconcile ever plans from a half-filled cache (which would see a running
-group's workers as missing and its status go backwards).
+Fed by the `informer` threads, one per kind and scope (TrainingJobs, Services, Jobs, Pods and Kueue's
+kinds). The controller plans nothing before every informer has listed once, so no reconcile ever plans
+from a half-filled cache (which would see a running group's workers as missing and its status go
+backwards).
 
 Stale reads are safe: the cache trails the API server by the watch delay, and every write guards itself.
 Status patches carry the TrainingJob's resourceVersion (a decision taken on an old read fails with 409
 and is planned again), creations use deterministic names (a repeated create fails with 409
 AlreadyExists, and counts as done only for an object this TrainingJob controls), deletions tolerate 404
 and carry the uid they were planned from. Names cannot guard a creation after a deletion, though: the
-children's watches and kopf's are separate streams, so the garbage collector's removal of a deleted
-TrainingJob's children can arrive before the TrainingJob's own deletion, and the cache then shows a
+children's watches and the TrainingJobs' are separate streams, so the garbage collector's removal of a
+deleted TrainingJob's children can arrive before the TrainingJob's own deletion, and the cache shows a
 running job with every child missing. So a creation that is not a TrainingJob's first is made only after
 a GET confirms the TrainingJob is still the version planned from (`Controller._owner_confirmed`).
 
@@ -29,8 +28,8 @@ Slim copies: only what the planner reads is kept (no managedFields, no kubectl l
 no Job or Service spec, a Pod's spec reduced to its node and scheduler), about a tenth of a Pod's size.
 Stored objects are never mutated, only replaced, so readers get them without copying.
 
-Thread-safe: fed from kopf's event loop and the informer threads, read from the controller's worker
-threads, under one lock held only for dict operations.
+Thread-safe: fed from the informer threads, read from the controller's worker threads, under one lock
+held only for dict operations.
 """
 
 from __future__ import annotations
@@ -219,11 +218,13 @@ class ClusterCache:
     ) -> set[Key]:
         """Make the cache agree with a complete, fresh listing of `kind` (pages of one snapshot).
 
-        Why: kopf lists again after a broken watch (410 Gone, a lost connection) but never reports what
-        disappeared in between, so a deletion missed then would leave a ghost here forever (a deleted
-        worker Job counted as running). A cached object in scope that the snapshot lacks is dropped if it
-        is not newer than the snapshot (newer ones were created after it); listed objects the cache
-        missed are added. Returns the TrainingJobs concerned, to reconcile.
+        Why: an informer lists again after a broken watch (410 Gone, a lost connection), and the watch
+        that follows starts from the listing, so nothing reports what changed or disappeared in between: a
+        deletion missed then would leave a ghost here forever (a deleted worker Job counted as running),
+        a missed change a stale copy (a finished Job counted as running). A cached object in scope that
+        the snapshot lacks is dropped if it is not newer than the snapshot (newer ones were created after
+        it); listed objects the cache missed, or holds at an older version, are taken in. Returns the
+        TrainingJobs concerned, to reconcile.
         """
         listed: set[str] = set()
         snapshot: int | None = None
@@ -233,7 +234,7 @@ class ClusterCache:
             for item in items:
                 meta = item.get("metadata") or {}
                 listed.add(meta.get("uid", ""))
-                if not self._holds(kind, item):
+                if not self._holds_current(kind, item):
                     key = self.observe(item)
                     if key is not None:
                         touched.add(key)
@@ -255,16 +256,21 @@ class ClusterCache:
                 touched.add(key)
         return touched
 
-    def _holds(self, kind: str, body: Mapping[str, Any]) -> bool:
+    def _holds_current(self, kind: str, body: Mapping[str, Any]) -> bool:
+        """Whether the cache holds `body`'s object (same uid) at its version or a later one."""
         meta = body.get("metadata") or {}
         with self._lock:
             if kind == constants.KIND:
                 current = self._trainingjobs.get((meta.get("namespace"), meta.get("name")))
-                return current is not None and current["metadata"].get("uid") == meta.get("uid")
-            if kind in CLUSTER_KINDS:
+            elif kind in CLUSTER_KINDS:
                 current = self._cluster[kind].get(meta.get("name", ""))
-                return current is not None and current["metadata"].get("uid") == meta.get("uid")
-            return (kind, meta.get("uid")) in self._placed
+            else:
+                key = self._placed.get((kind, meta.get("uid", "")))
+                current = None if key is None else self._children[kind].get(key, {}).get(meta.get("uid", ""))
+        if current is None or current["metadata"].get("uid") != meta.get("uid"):
+            return False
+        listed, held = _resource_version(body), _resource_version(current)
+        return listed is not None and held is not None and held >= listed
 
     # ------------------------------------------------------------ reading
 

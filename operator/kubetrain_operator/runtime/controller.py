@@ -1,9 +1,9 @@
 """The controller: worker threads that take TrainingJobs off the work queue and execute their plans.
 
-kopf's handlers only note that a TrainingJob needs a look (`enqueue`); a fixed set of worker threads takes
-keys off the `workqueue` (one key at a time per job, urgent before routine, delayed wake-ups: its
-docstring) and reconciles them, reading everything from the `cache` and calling the API server only to
-change something. A reconcile that fails is retried with capped exponential backoff.
+The informers only note that a TrainingJob needs a look (`trainingjob_changed`, `schedule`); a fixed set
+of worker threads takes keys off the `workqueue` (one key at a time per job, urgent before routine,
+delayed wake-ups: its docstring) and reconciles them, reading everything from the `cache` and calling the
+API server only to change something. A reconcile that fails is retried with capped exponential backoff.
 
 Executing a plan. A plan that only creates the current attempt's children (a new job, or a missing
 worker) creates them first, concurrently, then records status: nothing in that status is a decision the
@@ -48,7 +48,7 @@ from typing import Any
 from kubetrain_operator.api import constants, fieldpaths
 from kubetrain_operator.planning import observe, planner, plans
 from kubetrain_operator.planning import status as st
-from kubetrain_operator.runtime import events, informer, kube, workeridentity, workqueue
+from kubetrain_operator.runtime import events, kube, workeridentity, workqueue
 from kubetrain_operator.runtime.cache import ClusterCache, Key
 from kubetrain_operator.runtime.metrics import Metrics
 
@@ -60,8 +60,6 @@ ERROR_EVENT_AFTER = 5
 """Consecutive failed reconciles after which a Warning event tells the user the operator is stuck."""
 CONFLICT_RETRY = 0.2
 """Seconds before re-planning a job whose status patch met a newer version (the watch brings it)."""
-AUDIT_SECONDS = 300.0
-"""How often the cached TrainingJobs are checked against a fresh (paginated) listing."""
 CREATE_CONCURRENCY = 16
 """Creations in flight at once across all reconciles: a job's Service and Jobs go out together."""
 
@@ -93,6 +91,13 @@ def about(key: Key, body: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"k8s_ref": {**ref, "uid": uid} if uid else ref}
 
 
+def needs_workers(body: dict[str, Any]) -> bool:
+    """A TrainingJob someone is waiting on: never reconciled, or its spec changed since."""
+    status = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    return not status.get("phase") or status.get("observedGeneration") != generation
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
@@ -122,7 +127,6 @@ class Controller:
         clock: Callable[[], datetime] = utcnow,
         workers: int = 8,
         namespaces: list[str] | None = None,
-        audit_seconds: float = AUDIT_SECONDS,
         worker_identities: workeridentity.WorkerIdentities | None = None,
         status_waits: st.WriteWaits | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -136,7 +140,6 @@ class Controller:
         self.workers = workers
         self.namespaces = namespaces
         """The watched namespaces (kopf patterns allowed); None for all."""
-        self.audit_seconds = audit_seconds
         self.worker_identities = worker_identities
         """Creates the workers' ServiceAccount where workers need it (--worker-cluster-role); None: the
         account is the admin's to create."""
@@ -166,6 +169,15 @@ class Controller:
     def enqueue(self, key: Key, urgent: bool = False) -> None:
         """Ask for a reconcile of `key` by a worker thread. Never blocks, never calls the API."""
         self.queue.add(key, urgent)
+
+    def trainingjob_changed(self, key: Key) -> None:
+        """The TrainingJobs' informer saw `key` added, changed or gone: forget a job the cache no longer
+        holds; reconcile any other, urgently when someone waits for its workers (`needs_workers`)."""
+        body = self.cache.trainingjob(*key)
+        if body is None:
+            self.forget(*key)
+        else:
+            self.enqueue(key, urgent=needs_workers(body))
 
     def schedule(self, key: Key, delay: float) -> None:
         """Enqueue `key` again after `delay` seconds (the earliest pending wake-up of a job wins)."""
@@ -260,9 +272,6 @@ class Controller:
             threading.Thread(target=self._run_worker, name=f"kubetrain-worker-{i}", daemon=True)
             for i in range(self.workers)
         ]
-        if self.audit_seconds > 0:
-            auditor = threading.Thread(target=self._run_audits, name="kubetrain-audit", daemon=True)
-            self._threads.append(auditor)
         for thread in self._threads:
             thread.start()
 
@@ -272,26 +281,6 @@ class Controller:
         for thread in self._threads:
             thread.join(timeout=5)
         self._creators.shutdown(wait=False, cancel_futures=True)
-
-    def audit(self) -> None:
-        """Check the cached TrainingJobs against a fresh listing (`ClusterCache.sweep`): kopf lists them
-        again after a broken watch but never reports what was deleted in between. (The children's
-        informers sweep on every listing of their own.) Reconcile the jobs whose view changed."""
-        touched: set[Key] = set()
-        for namespace, in_scope in informer.scopes(self.namespaces):
-            pages = self.kube.list_pages(constants.KIND, namespace)
-            touched |= self.cache.sweep(constants.KIND, pages, in_scope)
-        if touched:
-            logger.info("cache audit: %d TrainingJobs had missed changes; reconciling them", len(touched))
-        for key in touched:
-            self.enqueue(key)
-
-    def _run_audits(self) -> None:
-        while not self._stopped.wait(self.audit_seconds):
-            try:
-                self.audit()
-            except Exception as exc:  # the next audit tries again; watches keep the cache meanwhile
-                logger.warning("cache audit failed: %s", exc)
 
     # ------------------------------------------------------------ one reconcile
 
@@ -428,12 +417,12 @@ class Controller:
 
         Asked (one GET) only before creations that are not a TrainingJob's first (`Plan.confirm_owner`).
         The case it exists for: a TrainingJob deleted while running. The garbage collector removes its
-        Service and Jobs; the informers report that first, while kopf's watch has not yet reported the
-        TrainingJob's deletion, so the cache still holds it, running, with every child missing, and the
-        plan re-creates them all (for an owner that is gone: the collector removes them again). The GET
-        is a quorum read made after the children were seen missing, so a deletion that made them go is
-        visible in it. When the answer differs, the cache takes it (gone, being deleted, a namesake, or a
-        newer version) and nothing is created from the old view."""
+        Service and Jobs; their informers report that first, while the TrainingJobs' informer has not yet
+        reported the TrainingJob's deletion, so the cache still holds it, running, with every child
+        missing, and the plan re-creates them all (for an owner that is gone: the collector removes them
+        again). The GET is a quorum read made after the children were seen missing, so a deletion that
+        made them go is visible in it. When the answer differs, the cache takes it (gone, being deleted, a
+        namesake, or a newer version) and nothing is created from the old view."""
         meta = body["metadata"]
         live = self.kube.get(constants.KIND, meta["namespace"], meta["name"])
         if live is not None and live["metadata"].get("resourceVersion") == meta.get("resourceVersion"):

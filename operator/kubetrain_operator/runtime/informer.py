@@ -1,12 +1,14 @@
-"""Informers: list-then-watch threads that keep the cache's Services, Jobs and Pods current (and, where
-Kueue is installed, the TrainingJobs' Workloads and Kueue's ResourceFlavors).
+"""Informers: list-then-watch threads that keep the cache's TrainingJobs, Services, Jobs and Pods current
+(and, where Kueue is installed, the TrainingJobs' Workloads and Kueue's ResourceFlavors).
 
 Why not kopf for these: kopf gives every event of every object its own asyncio worker, body views,
-cause detection and handler invocation, about a millisecond of CPU per event. A TrainingJob's group
+cause detection, a logger and handler invocation through its execution machinery. A TrainingJob's group
 makes dozens of child events (4 Jobs and 4 pods going through creation, scheduling, running, finishing),
-so at 500 submitted jobs kopf's per-event work was most of the operator's CPU, taken from the same
-cores the API server needed. An informer thread parses each event line, files a slim copy and asks for
-one coalesced reconcile: a tenth of the cost. kopf still watches TrainingJobs, whose events are few.
+so at 500 submitted jobs kopf's per-event work was most of the operator's CPU, taken from the same cores
+the API server needed. An informer thread parses each event line, files a slim copy and asks for one
+coalesced reconcile: a tenth of the cost. TrainingJobs went the same way later: their events are few
+(creation, status writes and their echoes, about three per job), but kopf still spent about 3 ms of CPU
+on each, a third of the operator's CPU at N = 500 (benchmarks/results/operator-profile-n500.md).
 
 Correctness, as in client-go's reflector: a paginated list gives a snapshot and its resourceVersion,
 and the watch continues from exactly there (with bookmarks, so a quiet stream still advances). When the
@@ -78,8 +80,10 @@ class Informer:
         self.cache = cache
         self.kind = kind
         self.namespace, self.in_scope = scope
-        self.label_selector = None if kind in CLUSTER_KINDS else constants.LABEL_JOB_NAME
-        """Children carry the job-name label; cluster-scoped kinds are Kueue's, every one of them read."""
+        self.label_selector = (
+            None if kind in CLUSTER_KINDS or kind == constants.KIND else constants.LABEL_JOB_NAME
+        )
+        """Children carry the job-name label; TrainingJobs and Kueue's cluster-scoped kinds are all read."""
         self.on_change = on_change
         self.synced = threading.Event()
         self._stopped = threading.Event()
@@ -171,13 +175,17 @@ def informers(
     client: kube.Kube,
     cache: ClusterCache,
     namespaces: list[str] | None,
-    on_change: Callable[[Key], None],
+    *,
+    on_trainingjob: Callable[[Key], None],
+    on_child: Callable[[Key], None],
     kueue: bool = False,
 ) -> list[Informer]:
-    """One informer per child kind and scope; with `kueue`, Kueue's (`kueue_informers`) too."""
+    """One informer per scope for TrainingJobs (`on_trainingjob`: the key of one added, changed or gone)
+    and one per child kind and scope (`on_child`); with `kueue`, Kueue's (`kueue_informers`) too."""
     kinds = [kind for kind in CHILD_KINDS if kind != "Workload"]
-    out = [Informer(client, cache, kind, scope, on_change) for kind in kinds for scope in scopes(namespaces)]
-    return out + (kueue_informers(client, cache, namespaces, on_change) if kueue else [])
+    out = [Informer(client, cache, constants.KIND, scope, on_trainingjob) for scope in scopes(namespaces)]
+    out += [Informer(client, cache, kind, scope, on_child) for kind in kinds for scope in scopes(namespaces)]
+    return out + (kueue_informers(client, cache, namespaces, on_child) if kueue else [])
 
 
 def kueue_informers(

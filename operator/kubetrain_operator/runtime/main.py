@@ -1,4 +1,4 @@
-"""Operator runtime: options, kopf settings (all in one @kopf.on.startup), and `run`.
+"""Operator runtime: options, the start (one @kopf.on.startup), and `run`.
 
 Each option is written in two places: a field of `Options` (its type, its default and the environment
 variable the Deployment sets, read generically by `from_env`) and a flag of `kubetrain operator` (its help,
@@ -26,7 +26,6 @@ from kubetrain_operator.planning import admission, gang, plans
 from kubetrain_operator.runtime import (
     discovery,
     events,
-    handlers,  # registers the kopf handlers; configure gives kopf their storages
     health,
     informer,
     kube,
@@ -70,10 +69,8 @@ class Options:
     liveness: str | None = dataclasses.field(
         default="http://0.0.0.0:8081/healthz", metadata=_env("KUBETRAIN_LIVENESS")
     )
-    posting_level: str = dataclasses.field(default="WARNING", metadata=_env("KUBETRAIN_POSTING_LEVEL"))
-    """kopf's own log lines at or above it become Events (the operator posts its own Events regardless)."""
     workers: int = dataclasses.field(default=16, metadata=_env("KUBETRAIN_WORKERS"))
-    """The controller's reconcile threads (kopf's handlers are async and only feed the cache and queue)."""
+    """The controller's reconcile threads (the informers only feed the cache and the queue)."""
     resync_seconds: float = plans.RESYNC_SECONDS
     verbose: bool = False
     log_format: str = dataclasses.field(default="full", metadata=_env("KUBETRAIN_LOG_FORMAT"))
@@ -173,32 +170,19 @@ LOG_FORMATS = ("plain", "full", "json")
 LOST_LEASE_EXIT_CODE = 1
 """The exit status of a leader that lost its Lease: its Deployment restarts it as a standby."""
 
-LIST_CHUNK = 500
-"""Objects per page of kopf's initial listings."""
-
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    """Every kopf setting in one place, each with the reason for its value."""
+    """kopf's settings, then the operator itself: the controller, its informers and API discovery.
+
+    kopf is the process's frame here (startup and cleanup, signals, the liveness endpoint, log format)
+    and handles no objects: TrainingJobs and their children come from the `informer` threads, which cost
+    a tenth of kopf's per-event CPU (informer's docstring)."""
     options = _state["options"]
-    # kopf's own "handler succeeded" lines would drown our transition Events in `kubectl describe`.
-    settings.posting.level = logging.getLevelName(options.posting_level.upper())
-    # No change handlers, so nothing for kopf to diff or to record progress of (handlers' docstring).
-    settings.persistence.diffbase_storage = handlers.NoEssence()
-    settings.persistence.progress_storage = handlers.NoProgress()
-    # List TrainingJobs in pages at startup (the informers page their listings too): an unpaginated list
-    # is held whole while it is parsed and set the operator's peak memory.
-    settings.watching.chunk_size = LIST_CHUNK
-    # Re-open watches regularly so a silently dead connection cannot stall the operator.
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.networking.request_timeout = 60
-    # With literal namespaces the operator needs no cluster-wide view: without this, kopf spends about a
-    # minute retrying namespace and CRD listings that a namespaced Role refuses before it starts serving.
-    # Glob patterns still need the scan (kopf resolves them by watching namespaces).
-    settings.scanning.disabled = not options.all_namespaces and not any(
-        any(char in pattern for char in "*?[") for pattern in options.watched_namespaces()
-    )
+    # No resource handlers, so kopf has nothing to watch: no namespace or CRD scans (which a namespaced
+    # Role would refuse, retried for about a minute), and no object of its own to post Events about.
+    settings.scanning.disabled = True
+    settings.posting.enabled = False
 
     client = kube.Kube(fence=_state["fence"], user_agent=_user_agent())
     identities = None
@@ -229,30 +213,30 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Events are posted in the background, after new jobs' workers (see events).
     poster = events.EventPoster(client.create, busy=controller.busy)
     controller.post_event = poster.post
-    # The children (Services, Jobs, Pods labelled kubetrain.io/job-name) come from our own informers.
-    children = informer.informers(
+    # TrainingJobs and their children (Services, Jobs, Pods labelled kubetrain.io/job-name).
+    watched = informer.informers(
         client,
         controller.cache,
         controller.namespaces,
-        lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
+        on_trainingjob=controller.trainingjob_changed,
+        on_child=lambda key: controller.schedule(key, informer.CHILD_EVENT_DELAY),
         kueue=kueue,
     )
     controller.ready.clear()
-    for child_informer in children:
-        child_informer.start()
-    informer.when_synced(children, controller.ready.set)
+    for each in watched:
+        each.start()
+    informer.when_synced(watched, controller.ready.set)
     controller.start()
     late = discovery.LateAPIs(
         client,
         lambda: controller.defaults,
-        lambda found: _adopt(controller, children, found),
+        lambda found: _adopt(controller, watched, found),
         kueue_wanted=options.kueue,
     )
     late.start()
     memo["controller"] = controller
-    memo["cache"] = controller.cache
     memo["events"] = poster
-    memo["informers"] = children
+    memo["informers"] = watched
     memo["discovery"] = late
     # kopf serves the liveness endpoint right after its startup handlers: the standby's server gives the
     # address up now, so the probes never find it unanswered.
@@ -337,8 +321,8 @@ def shutdown(memo: Any, **_: Any) -> None:
     controller = memo.get("controller")
     if controller is not None:
         controller.stop()
-    for child_informer in memo.get("informers") or ():
-        child_informer.stop()
+    for each in memo.get("informers") or ():
+        each.stop()
     poster = memo.get("events")
     if poster is not None:
         poster.stop()
@@ -354,13 +338,9 @@ def _stop_requested(signum: int, _frame: Any) -> None:
 
 
 def run(options: Options) -> None:
-    """Run the operator until SIGTERM/SIGINT (kopf.run with our handlers and options)."""
+    """Run the operator until SIGTERM/SIGINT (kopf.run with our startup and cleanup and options)."""
     _state["options"] = options
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
-    if not options.verbose:
-        # kopf logs "Handler 'worker_pod_event' succeeded." for every pod event: keep warnings only.
-        # The controller logs every transition it acts on at INFO.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if options.metrics_port:
         # From the start, a standby too: a Ready pod is an endpoint of the metrics Service, and a target
         # that does not answer would read as down. The same server serves the leader's metrics later.
