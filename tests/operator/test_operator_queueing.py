@@ -215,6 +215,20 @@ def test_a_finished_job_marks_its_workload_finished_once(phase: str, reason: str
     assert _plan(_queued_job(status=done), workload).workload_conditions is None
 
 
+def test_a_finished_job_applies_its_workloads_pods_ready_again_beside_finished() -> None:
+    """Server-side apply drops what its manager stops naming: Finished applied alone after a PodsReady
+    left a preempted job's PodsReady with its type alone, and every later Workload write was refused."""
+    done = {"phase": "Succeeded", "message": "done", "completionTime": "2026-01-01T00:59:00Z"}
+    pods_ready = ("PodsReady", "True", "Recovered", "all 4 workers are ready or done")
+    workload = _workload(*ADMITTED, PREEMPTED, pods_ready, admitted_flavor="pool-a")
+    applied = _plan(_queued_job(status=done), workload).workload_conditions or []
+    assert [(c["type"], c["status"], c["reason"]) for c in applied] == [
+        ("PodsReady", "True", "Recovered"),
+        ("Finished", "True", "Succeeded"),
+    ]
+    assert applied[0] == next(c for c in workload["status"]["conditions"] if c["type"] == "PodsReady")
+
+
 def test_suspending_a_queued_job_deactivates_its_workload_and_resuming_activates_it() -> None:
     held = _plan(
         _queued_job(trainer_spec(workers=4, runPolicy={"suspend": True})),

@@ -163,7 +163,7 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
         and out.status.get("phase") not in api.TERMINAL_PHASES
         and (ready := queueing.pods_ready(workload, p.workers, now)) is not None
     ):
-        out.workload_conditions = [ready]
+        out.workload_conditions = queueing.applied(workload, ready)
     return out
 
 
@@ -182,7 +182,8 @@ def _finished(p: steps.Pass, phase: str) -> plans.Plan:
         # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
         # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
         message = p.status.get("message") or str(phase)
-        out.workload_conditions = [queueing.finished(obs.workload, phase == "Succeeded", message, p.now)]
+        finished = queueing.finished(obs.workload, phase == "Succeeded", message, p.now)
+        out.workload_conditions = queueing.applied(obs.workload, finished)
     ttl = spec.run_policy.ttl_seconds_after_finished
     finished = observe.parse_time(p.status.get("completionTime"))
     if ttl is not None and finished is not None:

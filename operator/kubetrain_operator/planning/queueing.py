@@ -59,6 +59,8 @@ STORE_POD_SET = "rendezvous"
 
 PODS_READY = "PodsReady"
 """The Workload condition Kueue's waitForPodsReady reads (see `pods_ready`)."""
+APPLIED_CONDITIONS = (PODS_READY, "Finished")
+"""The Workload conditions the operator applies server-side (`applied`)."""
 
 REQUEUED_ON = ("Preempted", "NodeFailures")
 """Eviction reasons after which Kueue's job reconciler marks the Workload Requeued True (it queues the
@@ -301,6 +303,22 @@ def finished(workload: Mapping[str, Any], succeeded: bool, message: str, now: da
     """The Workload condition of a finished TrainingJob: Finished True, so Kueue releases the quota."""
     reason = "Succeeded" if succeeded else "Failed"
     return _owned_condition(workload, "Finished", True, reason=reason, message=message, now=now)
+
+
+def applied(workload: Mapping[str, Any], changed: dict[str, Any]) -> list[dict[str, Any]]:
+    """What one server-side apply of the operator's conditions names: `changed`, and every other
+    condition of APPLIED_CONDITIONS the Workload has, as it is. Server-side apply removes the fields its
+    manager stops naming; an entry whose type another manager owns too (the merge patch of `released`
+    rewrites every condition) then keeps its type alone, and the API server refuses that Workload's every
+    later write (422: the condition's status, reason, message and time are required). Applying only
+    Finished after a PodsReady did that to every preempted or suspended job: its Workload never
+    finished and kept its quota."""
+    kept = [
+        c
+        for c in _conditions(workload)
+        if c.get("type") in APPLIED_CONDITIONS and c.get("type") != changed["type"]
+    ]
+    return [*kept, changed]
 
 
 def _owned_condition(
