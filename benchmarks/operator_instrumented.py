@@ -2,21 +2,22 @@
 
     python benchmarks/operator_instrumented.py COUNTS.json [PROFILE.prof] -- operator --namespace NS ...
 
-The operator talks to the API server through two clients: kopf's aiohttp session (the TrainingJob
-list and watch, kopf's own events) and kubetrain's own `kube.Kube` on the `kubernetes` package's urllib3
-pool (the informers' lists and watches of Services, Jobs and Pods, child creations and deletions, status
-patches, events, the TrainingJob audit). Both are wrapped at their single request entry point
+The operator talks to the API server through two clients: kopf's aiohttp session (its start-up API
+discovery only: kopf handles no objects) and kubetrain's own `kube.Kube` on the `kubernetes` package's
+urllib3 pool (the informers' lists and watches of TrainingJobs, Services, Jobs and Pods, child creations
+and deletions, status patches, events). Both are wrapped at their single request entry point
 (`aiohttp.ClientSession._request`, `urllib3.HTTPConnectionPool.urlopen`) and counted by
 (client, verb, resource), where verb is what the API server would log: get, list, watch, create, patch,
 update, delete. New TLS connections of the urllib3 pool are counted too (connection churn is costly).
-The counts are written to COUNTS.json twice a second and at exit. With PROFILE.prof, the asyncio thread
-(kopf's event loop) runs under cProfile and the profile is written at exit (SIGTERM or SIGINT).
+The counts are written to COUNTS.json twice a second and at exit. With PROFILE.prof, the main thread
+runs under cProfile and the profile is written at exit (SIGTERM or SIGINT): kopf's event loop, idle
+since kopf handles no objects; py-spy (benchmarks/results/operator-profile-n500.md) sees every thread.
 
 With KUBETRAIN_BENCH_STATE=PATH (benchmarks/operator_soak.py), the sizes of every per-object structure the
 process keeps are written to PATH every KUBETRAIN_BENCH_STATE_SECONDS (default 30): the controller's
-per-key dicts and delay heap, the cache's dicts, the event poster's queue, kopf's per-object memories,
-the metrics' label sets, threads, and the number of objects the garbage collector tracks. A soak reads
-them to tell which of them, if any, grows with the objects that went rather than the objects alive.
+per-key dicts and delay heap, the cache's dicts, the event poster's queue, the metrics' label sets,
+threads, and the number of objects the garbage collector tracks. A soak reads them to tell which of them,
+if any, grows with the objects that went rather than the objects alive.
 
 Counting in the process, not from the API server's metrics, is deliberate: `apiserver_request_total`
 has no user label, so it mixes the operator with the controller manager, the scheduler, kwok and the
@@ -181,7 +182,6 @@ def _state() -> dict[str, Any]:
             }
     for poster in _instances["poster"]:
         out["event_queue"] = poster._queue.qsize()
-    out["kopf_memories"] = sum(len(memories._items) for memories in _instances["kopf_memories"])
     out["gc_objects"] = len(gc.get_objects())
     return out
 
@@ -215,13 +215,11 @@ def main() -> None:
 
     state_path = os.environ.get("KUBETRAIN_BENCH_STATE")
     if state_path:
-        from kopf._core.reactor import inventory
         from kubetrain_operator.runtime import cache, controller, events
 
         _keep_instances(controller.Controller, "controller")
         _keep_instances(cache.ClusterCache, "cache")
         _keep_instances(events.EventPoster, "poster")
-        _keep_instances(inventory.ResourceMemories, "kopf_memories")
         every = float(os.environ.get("KUBETRAIN_BENCH_STATE_SECONDS", "30"))
         threading.Thread(target=_state_dumper, args=(state_path, every), daemon=True).start()
 
