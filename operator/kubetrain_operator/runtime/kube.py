@@ -3,7 +3,7 @@
 It borrows authentication and TLS from the official `kubernetes` client (kubeconfig or in-cluster
 service account, with token refresh) but speaks raw JSON, so manifests built by `builders` go out as they
 are and objects come back exactly as the API server wrote them. Sync on purpose: the operator calls it
-from the controller's reconcile, audit and event threads, never from kopf's event loop.
+from the informer, reconcile and event threads, never from kopf's event loop.
 
 Bodies are encoded and answers and watch events decoded with orjson: decoding every Job and Pod event was
 the largest share of the operator's CPU at 500 jobs (25% in a py-spy profile), and orjson decodes a 4 KB
@@ -391,8 +391,8 @@ def make_api_client(user_agent: str | None = None) -> Any:
     except config.ConfigException:
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
-    # The default pool (5 x CPUs) is smaller than the threads calling the API (kopf's pool plus the
-    # scheduler's): the overflow would open a TLS connection per request and discard it.
+    # The default pool (5 x CPUs) is smaller than the threads calling the API (the reconcile threads, the
+    # creators, the informers): the overflow would open a TLS connection per request and discard it.
     configuration.connection_pool_maxsize = POOL_SIZE
     api_client = client.ApiClient(configuration)
     if user_agent is not None:

@@ -18,7 +18,7 @@ The semantics are client-go's (k8s.io/client-go/tools/leaderelection):
   wakes first, and a leader whose API server stopped answering writes nothing after its deadline. The
   Lease requests themselves time out before the deadline, so the renewing thread never sits in a
   request past it. What no in-process check can fence: a thread frozen between the check and the send
-  of its request (microseconds), and kopf's own requests (it only posts Events, see `main`).
+  of its request (microseconds). kopf writes nothing: it handles no objects and posts no Events (`main`).
 - Conflicts. Every write carries the Lease's resourceVersion: of two replicas racing for a free Lease
   one wins and the other gets 409 Conflict and stays standby; after a takeover the old holder's
   renewal fails the same way.
