@@ -182,8 +182,8 @@ def _finished(p: steps.Pass, phase: str) -> plans.Plan:
         # Kueue releases the quota of a Finished Workload (what its job reconciler writes for a
         # finished JobSet); the workers still running under cleanPodPolicy None are not counted.
         message = p.status.get("message") or str(phase)
-        finished = queueing.finished(obs.workload, phase == "Succeeded", message, p.now)
-        out.workload_conditions = queueing.applied(obs.workload, finished)
+        condition = queueing.finished(obs.workload, phase == "Succeeded", message, p.now)
+        out.workload_conditions = queueing.applied(obs.workload, condition)
     ttl = spec.run_policy.ttl_seconds_after_finished
     finished = observe.parse_time(p.status.get("completionTime"))
     if ttl is not None and finished is not None:
