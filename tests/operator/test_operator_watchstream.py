@@ -4,6 +4,7 @@ a broken body refused, and urllib3's real answer read this way over a real socke
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from collections.abc import Callable, Iterator
 
@@ -101,3 +102,109 @@ def test_urllib3s_streamed_answer_is_read_from_its_connection_and_closed_after(
             assert pool.request("GET", url).data.count(b"\n") == len(EVENTS)
     finally:
         server.shutdown()
+
+
+def _event_line(obj: dict[str, object]) -> bytes:
+    """A watch event as the API server writes it: compact JSON, members in the order given."""
+    return json.dumps({"type": "MODIFIED", "object": obj}, separators=(",", ":")).encode()
+
+
+def _entry(manager: str, fields: dict[str, object]) -> dict[str, object]:
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "v1",
+        "time": "2026-12-06T13:41:46Z",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+
+
+def _pod(managed: list[dict[str, object]]) -> dict[str, object]:
+    """A Pod in the built-in types' member order: metadata first, managedFields last in it."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "w-0",
+            "namespace": "ns",
+            "labels": {"kubetrain.io/job-name": "w"},
+            "annotations": {"note": 'a "quoted" ] and a \\ backslash'},
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
+            "managedFields": managed,
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "args": ["]", '"']}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def _custom_resource(managed: list[dict[str, object]]) -> dict[str, object]:
+    """A custom resource in the sorted member order of its JSON: managedFields amid metadata."""
+    return {
+        "apiVersion": "kubetrain.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {
+            "creationTimestamp": "2026-12-06T13:41:46Z",
+            "generation": 1,
+            "labels": {"a": "b"},
+            "managedFields": managed,
+            "name": "w",
+            "namespace": "ns",
+            "resourceVersion": "42",
+        },
+        "spec": {"workers": 4, "managedFields": ["a user's key of that name, in spec"]},
+        "status": {"phase": "Running"},
+    }
+
+
+ORDINARY = [
+    _entry("kube-controller-manager", {"f:metadata": {"f:labels": {".": {}, "f:a": {}}}}),
+    _entry("kubelet", {"f:status": {"f:conditions": {'k:{"type":"Ready"}': {".": {}, "f:status": {}}}}}),
+]
+BRACKET_IN_A_KEY = [_entry("kubetrain", {"f:spec": {"f:env": {'k:{"name":"A]B"}': {}}}})]
+QUOTE_AND_BRACKET_IN_A_KEY = [_entry("kubetrain", {"f:spec": {"f:env": {'k:{"name":"A\\"]"}': {}}}})]
+MANY_BRACKETS_IN_KEYS = [
+    _entry("kubetrain", {f"f:k{i}]": {} for i in range(watchstream.MAX_CLOSE_TRIES + 1)})
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "cut"),
+    [
+        (_pod(ORDINARY), True),
+        (_custom_resource(ORDINARY), True),
+        (_pod([]), True),
+        (_pod(BRACKET_IN_A_KEY), True),
+        (_custom_resource(BRACKET_IN_A_KEY), True),
+        (_pod(QUOTE_AND_BRACKET_IN_A_KEY), False),
+        (_pod(MANY_BRACKETS_IN_KEYS), False),
+    ],
+    ids=[
+        "pod",
+        "custom resource",
+        "empty list",
+        "a bracket in a field key",
+        "a bracket in a custom resource's field key",
+        "an escaped backslash: left whole",
+        "more brackets in strings than tried: left whole",
+    ],
+)
+def test_managed_fields_are_cut_from_an_event_line_exactly_or_the_line_is_left_whole(
+    obj: dict[str, object], cut: bool
+) -> None:
+    line = _event_line(obj)
+    expected = json.loads(line)
+    del expected["object"]["metadata"]["managedFields"]
+    out = watchstream.without_managed_fields(line)
+    if cut:
+        assert json.loads(out) == expected
+        assert len(out) < len(line)
+    else:
+        assert out is line
+
+
+def test_a_line_without_managed_fields_is_left_as_it_is() -> None:
+    bookmark = (
+        b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"9"}}}'
+    )
+    assert watchstream.without_managed_fields(bookmark) is bookmark

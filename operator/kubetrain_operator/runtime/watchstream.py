@@ -7,6 +7,10 @@ per layer), and every change of every worker Job and Pod arrives this way: at 50
 that iteration was 9% of the operator's CPU samples in a py-spy profile. Here the connection's buffered
 reader hands over whatever has arrived (many chunks at once in a burst) and the framing is cut with
 bytes operations.
+
+Each event's `metadata.managedFields` is cut out of the line before it is parsed
+(`without_managed_fields`): it is about 40% of a Pod or Job event's bytes, the operator reads none of it,
+and parsing without it takes half the time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ READ_SIZE = 1 << 16
 
 MAX_SIZE_LINE = 1024
 """Longest chunk-size line accepted (hex digits and extensions); anything longer is not HTTP."""
+
+MANAGED_FIELDS = b',"managedFields":['
+MAX_CLOSE_TRIES = 8
+"""Closing brackets tried for managedFields' end before the line is left whole (one is the usual)."""
 
 
 def lines(response: urllib3.HTTPResponse) -> Iterator[bytes]:
@@ -97,3 +105,35 @@ def dechunked_lines(read: Callable[[], bytes]) -> Iterator[bytes]:
                 return
             data_left = size
         framed = framed[pos:]
+
+
+def without_managed_fields(line: bytes) -> bytes:
+    """A watch event's line with its object's `metadata.managedFields` cut out, or `line` unchanged when
+    the cut is not certain.
+
+    Why the cut is exact, for the kinds the informers watch (Pods, Jobs, Services and custom resources):
+    - The first `,"managedFields":[` is metadata's key. Inside a JSON string quotes are escaped, so those
+      bytes are a key; metadata is the object's first member after apiVersion and kind (the built-in
+      types' field order, and the sorted key order of custom resources), and the members before
+      managedFields in it (names, labels, annotations, owner references, finalizers) have no such key.
+    - The entries hold strings and objects only (fieldsV1 is a field set, objects all the way down), so
+      the first `]` outside a string closes the list. A `]` is outside every string when an even number
+      of unescaped quotes precedes it; with no escaped backslash in between, `\\"` is the only escaped
+      quote, so counting is exact. Anything else (an escaped backslash, many `]` inside strings) keeps
+      the line whole.
+    The caller still parses the result; it falls back to the whole line if that fails."""
+    start = line.find(MANAGED_FIELDS)
+    if start < 0:
+        return line
+    close = start + len(MANAGED_FIELDS)
+    for _ in range(MAX_CLOSE_TRIES):
+        close = line.find(b"]", close)
+        if close < 0:
+            return line
+        inside = line[start:close]
+        if b"\\\\" in inside:
+            return line
+        if (inside.count(b'"') - inside.count(b'\\"')) % 2 == 0:
+            return line[:start] + line[close + 1 :]
+        close += 1
+    return line
