@@ -55,6 +55,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     ),
     "runtime": (
         "watchstream",
+        "connections",
         "kube",
         "leader",
         "health",

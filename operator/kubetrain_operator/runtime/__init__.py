@@ -2,6 +2,7 @@
 
 Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `watchstream`: watch answers cut into lines straight from the connection;
+- `connections`: keep-alive HTTP/1.1 connections to the API server, one request and answer on them;
 - `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
 - `leader`: Lease election, pure decisions and the requests that act on them;
 - `health`: the liveness endpoint a standby answers until kopf serves it;
