@@ -163,6 +163,11 @@ ORDINARY = [
 ]
 BRACKET_IN_A_KEY = [_entry("kubetrain", {"f:spec": {"f:env": {'k:{"name":"A]B"}': {}}}})]
 QUOTE_AND_BRACKET_IN_A_KEY = [_entry("kubetrain", {"f:spec": {"f:env": {'k:{"name":"A\\"]"}': {}}}})]
+MANAGER_ENDING_LIKE_THE_LIST = [_entry("x}],", {"f:metadata": {}})]
+"""A field manager's name is the client's to choose: `"manager":"x}],","operation"` puts `],"` and a
+comma after a bracket inside a string."""
+KEY_ENDING_LIKE_METADATA = [_entry("kubetrain", {"f:spec": {"f:trainer": {"f:a]},": {}}}})]
+"""A custom resource's free-form map key (`"f:a]},":{}`): `},"` and a colon after the bracket."""
 MANY_BRACKETS_IN_KEYS = [
     _entry("kubetrain", {f"f:k{i}]": {} for i in range(watchstream.MAX_CLOSE_TRIES + 1)})
 ]
@@ -176,7 +181,10 @@ MANY_BRACKETS_IN_KEYS = [
         (_pod([]), True),
         (_pod(BRACKET_IN_A_KEY), True),
         (_custom_resource(BRACKET_IN_A_KEY), True),
-        (_pod(QUOTE_AND_BRACKET_IN_A_KEY), False),
+        (_pod(QUOTE_AND_BRACKET_IN_A_KEY), True),
+        (_pod(MANAGER_ENDING_LIKE_THE_LIST), True),
+        (_custom_resource(MANAGER_ENDING_LIKE_THE_LIST), True),
+        (_custom_resource(KEY_ENDING_LIKE_METADATA), True),
         (_pod(MANY_BRACKETS_IN_KEYS), False),
     ],
     ids=[
@@ -185,7 +193,10 @@ MANY_BRACKETS_IN_KEYS = [
         "empty list",
         "a bracket in a field key",
         "a bracket in a custom resource's field key",
-        "an escaped backslash: left whole",
+        "an escaped quote before a bracket",
+        "a manager's name ending like the list",
+        "a custom resource's manager's name ending like the list",
+        "a custom resource's map key ending like metadata",
         "more brackets in strings than tried: left whole",
     ],
 )

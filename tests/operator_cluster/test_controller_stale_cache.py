@@ -1,7 +1,7 @@
 """The controller against a real API server and garbage collector, its cache fed in an order chosen here.
 
-The operator's cache hears of TrainingJobs from kopf's watch and of their children from the informers'
-watches: separate streams, so the children's news can arrive first. These tests drive one `Controller`
+The operator's cache hears of TrainingJobs from one informer's watch and of their children from the
+others': separate streams, so the children's news can arrive first. These tests drive one `Controller`
 in this process (no threads started) and feed its `ClusterCache` as those streams would, in the order
 that matters, with the informers' own listing (`Informer.relist`), so the race is played exactly, every
 time, against the API server and the garbage collector that the operator meets in a cluster.

@@ -1,7 +1,6 @@
 """The operator's watch events against a real API server: each object as the server serves it, less the
 managedFields that `watchstream.without_managed_fields` cuts from the line before parsing (the server's
-own encoding of built-in kinds and of custom resources, a field key with a bracket included; the unit
-tests cover the keys that leave a line whole)."""
+own encoding of built-in kinds and of custom resources, field keys with brackets and quotes included)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ pytestmark = pytest.mark.cluster
 
 AWKWARD_ENV = [
     {"name": "A]B", "value": "1"},  # a bracket inside managedFields' keys
+    {"name": 'Q"]', "value": "2"},  # an escaped quote before one
     {"name": "PLAIN", "value": 'x ] " \\ y'},
 ]
 
