@@ -230,3 +230,34 @@ def test_a_configuration_this_exchange_does_not_speak_keeps_urllib3(setting: str
     assert connections.for_client(client) is not None
     setattr(client.configuration, setting, value)
     assert connections.for_client(client) is None
+
+
+def test_a_request_has_its_time_in_all_not_per_socket_operation() -> None:
+    """An answer trickling in (a byte every 0.1 s, 100 bytes) would renew a per-operation limit of 0.5 s
+    forever; the request's limit is a total, so it ends with TimeoutError."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        sock, _ = listener.accept()
+        with sock:
+            sock.recv(65536)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+            for _ in range(100):
+                if stop.wait(0.1):
+                    return
+                sock.sendall(b"x")
+
+    threading.Thread(target=trickle, daemon=True).start()
+    pool = connections.Connections(f"http://127.0.0.1:{listener.getsockname()[1]}", None, None, 1)
+    try:
+        with pytest.raises(TimeoutError):
+            _get_within(pool, 0.5)
+    finally:
+        stop.set()
+        pool.close()
+        listener.close()
+
+
+def _get_within(pool: connections.Connections, timeout: float) -> connections.Answer:
+    return pool.exchange("GET", pool.origin + "/x", {}, None, timeout=timeout)

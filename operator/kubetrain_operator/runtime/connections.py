@@ -26,6 +26,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +55,19 @@ class _Connection:
         self.sock = sock
         self.received = 0
         """Bytes received for the current answer: none means the server never began one."""
+        self.deadline = 0.0
+        """time.monotonic() by which the current request must be answered."""
+
+    def wait_at_most_until_deadline(self) -> None:
+        """The socket's timeout set to what is left of the request's time: the request's limit is a
+        total, as urllib3's, not a limit per socket operation that a trickling answer could renew."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the API server did not answer in time")
+        self.sock.settimeout(left)
 
     def receive(self) -> bytes:
+        self.wait_at_most_until_deadline()
         data = self.sock.recv(RECEIVE_SIZE)
         if not data:
             raise ConnectionResetError("the API server closed the connection")
@@ -107,18 +119,20 @@ class Connections:
         timeout: float,
         before_send: Callable[[], None] | None = None,
     ) -> Answer:
-        """Send one request for `url` (under this pool's origin) and read its whole answer. Each socket
-        operation waits at most `timeout` seconds. `before_send` runs right before the bytes go out and
-        may raise to stop the request. Raises OSError or ValueError when the connection or the answer
-        breaks."""
+        """Send one request for `url` (under this pool's origin) and read its whole answer, all within
+        `timeout` seconds (a new connection's set-up included). `before_send` runs right before the bytes
+        go out and may raise to stop the request. Raises OSError (TimeoutError when the time is up) or
+        ValueError when the connection or the answer breaks."""
         if not url.startswith(self.origin):
             raise ValueError(f"{url!r} is not under {self.origin!r}")
         request = _request_bytes(method, url[len(self.origin) :] or "/", self._netloc, headers, body)
+        deadline = time.monotonic() + timeout
         for attempt in (0, 1):
-            connection, reused = self._take(timeout)
+            connection, reused = self._take(deadline)
             connection.received = 0
+            connection.deadline = deadline
             try:
-                connection.sock.settimeout(timeout)
+                connection.wait_at_most_until_deadline()
                 if before_send is not None:
                     before_send()
             except BaseException:
@@ -145,13 +159,14 @@ class Connections:
         for connection in idle:
             connection.close()
 
-    def _take(self, timeout: float) -> tuple[_Connection, bool]:
-        """An idle connection that is still open, else a new one; and whether it was reused."""
+    def _take(self, deadline: float) -> tuple[_Connection, bool]:
+        """An idle connection that is still open, else a new one made by `deadline`; and whether it was
+        reused."""
         while True:
             with self._lock:
                 connection = self._idle.pop() if self._idle else None
             if connection is None:
-                return self._connect(timeout), False
+                return self._connect(deadline), False
             if not connection.stale():
                 return connection, True
             connection.close()
@@ -163,8 +178,11 @@ class Connections:
                 return
         connection.close()
 
-    def _connect(self, timeout: float) -> _Connection:
-        sock = socket.create_connection(self._address, timeout=timeout)
+    def _connect(self, deadline: float) -> _Connection:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no time left to connect to the API server")
+        sock = socket.create_connection(self._address, timeout=left)  # the TLS handshake within it too
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._context is not None:
