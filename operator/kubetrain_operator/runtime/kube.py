@@ -2,8 +2,9 @@
 
 It borrows authentication and TLS from the official `kubernetes` client (kubeconfig or in-cluster
 service account, with token refresh) but speaks raw JSON, so manifests built by `builders` go out as they
-are and objects come back exactly as the API server wrote them. Sync on purpose: the operator calls it
-from the informer, reconcile and event threads, never from kopf's event loop.
+are and objects come back as the API server wrote them (watch events less their managedFields). Sync on
+purpose: the operator calls it from the informer, reconcile and event threads, never from kopf's event
+loop.
 
 Bodies are encoded and answers and watch events decoded with orjson: decoding every Job and Pod event was
 the largest share of the operator's CPU at 500 jobs (25% in a py-spy profile), and orjson decodes a 4 KB
