@@ -76,6 +76,10 @@ def _get(pool: connections.Connections, path: str = "/api/v1/x") -> connections.
 
 
 OK = b'{"kind":"Status"}'
+KEPT_EMPTY = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False)
+"""An answer of `{}`, the connection kept open."""
+CLOSED_UNANSWERED = (b"", True)
+"""The request read, then its connection closed with no answer."""
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"5;ext=1\r\n" + OK[:5] + b"\r\nC\r\n" + OK[5:] + b"\r\n0\r\nX-Trailer: 1\r\n\r\n"
@@ -97,7 +101,7 @@ def test_each_framing_of_an_answer_is_read_whole_and_the_connection_kept(
     server: tuple[Scripted, connections.Connections], answer: bytes, status: int, data: bytes
 ) -> None:
     scripted, pool = server
-    scripted.answers = [(answer, False), (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False)]
+    scripted.answers = [(answer, False), KEPT_EMPTY]
     first = _get(pool)
     assert (first.status, first.data) == (status, data)
     assert _get(pool).data == b"{}"
@@ -139,7 +143,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(
     scripted, pool = server
     scripted.answers = [
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", True),  # the server closes after answering
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False),
+        KEPT_EMPTY,
     ]
     assert _get(pool).status == 200
     threading.Event().wait(0.2)  # the close reaches this side
@@ -153,9 +157,9 @@ def test_a_write_whose_connection_broke_before_its_answer_raises_and_is_not_sent
 ) -> None:
     scripted, pool = server
     scripted.answers = [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False),
-        (b"", True),  # read, then the connection closed with no answer
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False),
+        KEPT_EMPTY,
+        CLOSED_UNANSWERED,
+        KEPT_EMPTY,
     ]
     assert _get(pool).status == 200
     with pytest.raises(OSError):
@@ -170,8 +174,8 @@ def test_a_get_whose_kept_connection_broke_before_its_answer_is_asked_again_on_a
 ) -> None:
     scripted, pool = server
     scripted.answers = [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", False),
-        (b"", True),
+        KEPT_EMPTY,
+        CLOSED_UNANSWERED,
         (b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\n\r\n" + OK, False),
     ]
     assert _get(pool).status == 200
