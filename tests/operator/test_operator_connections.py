@@ -156,11 +156,7 @@ def test_a_write_whose_connection_broke_before_its_answer_raises_and_is_not_sent
     server: tuple[Scripted, connections.Connections],
 ) -> None:
     scripted, pool = server
-    scripted.answers = [
-        KEPT_EMPTY,
-        CLOSED_UNANSWERED,
-        KEPT_EMPTY,
-    ]
+    scripted.answers = [KEPT_EMPTY, CLOSED_UNANSWERED, KEPT_EMPTY]
     assert _get(pool).status == 200
     with pytest.raises(OSError):
         pool.exchange("POST", pool.origin + "/x", {}, b"{}", timeout=5)
