@@ -5,6 +5,7 @@ sent twice. (Every cluster test speaks to the real API server through it too, ov
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -261,3 +262,26 @@ def test_a_request_has_its_time_in_all_not_per_socket_operation() -> None:
 
 def _get_within(pool: connections.Connections, timeout: float) -> connections.Answer:
     return pool.exchange("GET", pool.origin + "/x", {}, None, timeout=timeout)
+
+
+def test_a_body_that_runs_to_the_connections_end_is_refused_when_the_connection_is_reset() -> None:
+    """An answer without length or chunks ends with the connection; a reset (RST) is not that end, so
+    the part received is not taken for the whole."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def reset_midway() -> None:
+        sock, _ = listener.accept()
+        sock.recv(65536)
+        sock.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + OK[:5])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        threading.Event().wait(0.2)  # the partial body reaches the client before the reset
+        sock.close()
+
+    threading.Thread(target=reset_midway, daemon=True).start()
+    pool = connections.Connections(f"http://127.0.0.1:{listener.getsockname()[1]}", None, None, 1)
+    try:
+        with pytest.raises(ConnectionResetError):
+            _get_within(pool, 5)
+    finally:
+        pool.close()
+        listener.close()

@@ -48,8 +48,12 @@ class Answer:
     data: bytes
 
 
+class _ClosedError(ConnectionResetError):
+    """The server closed the connection cleanly (end of file), as opposed to a reset."""
+
+
 class _Connection:
-    """One socket and the bytes received on it but not yet consumed."""
+    """One socket, with what the current request has received on it and the time it has left."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -70,7 +74,7 @@ class _Connection:
         self.wait_at_most_until_deadline()
         data = self.sock.recv(RECEIVE_SIZE)
         if not data:
-            raise ConnectionResetError("the API server closed the connection")
+            raise _ClosedError("the API server closed the connection")
         self.received += len(data)
         return data
 
@@ -243,7 +247,7 @@ def _read_answer(connection: _Connection, method: str) -> tuple[Answer, bool]:
         try:
             while True:
                 pieces.append(connection.receive())
-        except ConnectionResetError:
+        except _ClosedError:  # the body's end; a reset is not, and raises
             pass
         body, buffer, keep = b"".join(pieces), b"", False
     if buffer:  # bytes after the answer: nothing was asked for them
