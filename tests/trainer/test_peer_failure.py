@@ -4,20 +4,23 @@ never notice a peer that left; its watchdog kills the waiting ranks after 30 min
 
 A real 2-process gloo group: rank 0's background checkpoint write fails after epoch 1, rank 0 learns it at
 the next save while rank 1 waits for it in that save's collective, and rank 0 then lingers before leaving
-the group (`failing_rank_worker.py`), as a process NCCL does not see go.
+the group (`failing_rank_worker.py`), as a process NCCL does not see go. And leaving the group ends the
+watch's thread, which must not outlive the group in the store's wait.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from kubetrain_trainer.exit_codes import ExitCode
+from kubetrain_trainer.peer_failure import PeerFailureWatch
 from trainer_helpers import start_ranks, wait_all
-
-pytestmark = [pytest.mark.distributed, pytest.mark.trains]
 
 WORKER = str(Path(__file__).with_name("failing_rank_worker.py"))
 LINGER_SECONDS = 20.0
@@ -25,6 +28,8 @@ LINGER_SECONDS = 20.0
 PROMPTLY_SECONDS = 10.0
 
 
+@pytest.mark.distributed
+@pytest.mark.trains
 def test_a_failure_on_rank_0_alone_makes_the_other_rank_exit_peer_lost_at_once(tmp_path: Path) -> None:
     config = {
         "model": "simple_cnn",
@@ -54,3 +59,14 @@ def test_a_failure_on_rank_0_alone_makes_the_other_rank_exit_peer_lost_at_once(t
     assert "rank 0: OSError: [Errno 28] No space left on device" in out1
     assert code0 == ExitCode.UNEXPECTED_ERROR, out0[-3000:]  # rank 0's own failure keeps its own code
     assert "No space left on device (exit code 1, UNEXPECTED_ERROR)" in out0
+
+
+@pytest.mark.unit
+def test_leaving_the_group_ends_the_watch_thread_instead_of_leaving_it_blocked_in_the_store() -> None:
+    # A thread still in the store's wait as the interpreter ended aborted the process now and then (exit
+    # -6, "terminate called without an active exception") instead of letting it exit with its own code.
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    watch = PeerFailureWatch(0, 1, store)
+    time.sleep(0.5)  # the thread is in its wait
+    watch.stop()
+    assert "peer-failure-watch" not in [thread.name for thread in threading.enumerate()]

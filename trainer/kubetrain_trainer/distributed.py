@@ -263,7 +263,7 @@ def _start_watch(world: WorldEnv) -> None:
     from torch.distributed import distributed_c10d
 
     try:
-        _watch = PeerFailureWatch(world.rank, distributed_c10d._get_default_store())
+        _watch = PeerFailureWatch(world.rank, world.world_size, distributed_c10d._get_default_store())
     except Exception as error:
         log.warning("not watching for other ranks' failures: %s", error)
 

@@ -13,6 +13,13 @@ thread, with the same code and record, once the main thread has had `LEAVE_SECON
 
 Only an announcement counts: a store that goes away (rank 0, its host, ended) is what every run's end
 looks like from a slower rank, and a rank killed outright announces nothing; the collectives report those.
+
+A store's wait ends only when every key it names is set, so each rank's thread waits on a wake key of its
+own: an announcement sets the failure and then every rank's wake key, and leaving the group sets this rank's
+and joins the thread. The thread must be gone before the interpreter ends: a daemon thread still blocked in
+the store's C++ wait when the interpreter finalizes (its wait fails as rank 0's store server is freed) is
+ended by CPython on its way back into Python, through C++ frames that may not unwind, and the process
+aborts ("terminate called without an active exception", exit -6) instead of exiting with its own code.
 """
 
 from __future__ import annotations
@@ -38,8 +45,14 @@ FAILURE_KEY = "kubetrain/failed"
 """The store key a failing rank sets to `rank R: <what failed>`; the default store is scoped to one process
 group (and under torchrun to one restart of the workers), so an earlier group's failure is never seen."""
 
+WAKE_KEY_PREFIX = "kubetrain/wake/"
+"""Rank R's watch waits on `kubetrain/wake/R`, set by an announcement (for every rank) or by R leaving."""
+
 WAIT_SECONDS = 30.0
-"""How long one blocking wait on the key lasts before the watch checks whether it was stopped."""
+"""How long one blocking wait lasts before the watch waits again (a bound in case a wake is lost)."""
+
+JOIN_SECONDS = 5.0
+"""How long leaving the group waits for the woken thread (a store that is gone has ended it already)."""
 
 LEAVE_SECONDS = 3.0
 """How long the main thread has, after the abort, to leave the group through its own failure path (which
@@ -49,10 +62,11 @@ finishes a checkpoint write in flight) before the watch ends the process."""
 class PeerFailureWatch:
     """This rank's watch for another rank's failure, and its own announcement of one."""
 
-    def __init__(self, rank: int, store: dist.Store) -> None:
+    def __init__(self, rank: int, world_size: int, store: dist.Store) -> None:
         """Start watching `store` (the group's default store) from a daemon thread on a connection of its own:
         a blocking wait holds its connection, and the group's own requests must not queue behind it."""
         self.rank = rank
+        self.world_size = world_size
         self.failure: str | None = None
         """Another rank's announcement once seen: why this rank left the group."""
         self._store = store
@@ -68,12 +82,21 @@ class PeerFailureWatch:
             return
         try:
             self._store.set(FAILURE_KEY, f"rank {self.rank}: {reason}")
+            wake_keys = [_wake_key(rank) for rank in range(self.world_size)]
+            self._store.multi_set(wake_keys, [b""] * self.world_size)
         except Exception as error:
             log.warning("could not tell the other ranks that rank %d failed: %s", self.rank, error)
 
     def stop(self) -> None:
-        """Stop acting on announcements: the group is being left (the thread ends with its next wait)."""
+        """Stop acting on announcements, and end the thread: the group is being left."""
         self._stopped.set()
+        try:
+            self._store.set(_wake_key(self.rank), b"")
+        except Exception as error:  # the store is gone (its host ended), and the thread's wait with it
+            log.debug("could not wake the peer failure watch: %s", error)
+        self._thread.join(JOIN_SECONDS)
+        if self._thread.is_alive():
+            log.warning("the peer failure watch did not end within %.0fs of leaving the group", JOIN_SECONDS)
 
     def _watch(self) -> None:
         import torch.distributed as dist
@@ -81,8 +104,8 @@ class PeerFailureWatch:
         while not self._stopped.is_set():
             started = time.monotonic()
             try:
-                self._watched.wait([FAILURE_KEY], timedelta(seconds=WAIT_SECONDS))
-                break
+                self._watched.wait([_wake_key(self.rank)], timedelta(seconds=WAIT_SECONDS))
+                break  # woken: by an announcement, or by this rank leaving the group (`_stopped` says)
             except dist.DistStoreError:  # the wait timed out: nobody failed yet
                 if time.monotonic() - started < WAIT_SECONDS / 2:
                     time.sleep(1.0)  # an error other than the timeout: do not spin on it
@@ -103,6 +126,10 @@ class PeerFailureWatch:
         _abort_group()
         if not self._stopped.wait(LEAVE_SECONDS):  # the main thread is still in a collective
             _exit_peer_lost(f"{announced} (this rank left the group from a collective that waited for it)")
+
+
+def _wake_key(rank: int) -> str:
+    return f"{WAKE_KEY_PREFIX}{rank}"
 
 
 def _abort_group() -> None:
