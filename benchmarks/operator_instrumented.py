@@ -2,22 +2,25 @@
 
     python benchmarks/operator_instrumented.py COUNTS.json [PROFILE.prof] -- operator --namespace NS ...
 
-The operator talks to the API server through two clients: kopf's aiohttp session (its start-up API
-discovery only: kopf handles no objects) and kubetrain's own `kube.Kube` on the `kubernetes` package's
-urllib3 pool (the informers' lists and watches of TrainingJobs, Services, Jobs and Pods, child creations
-and deletions, status patches, events). Both are wrapped at their single request entry point
-(`aiohttp.ClientSession._request`, `urllib3.HTTPConnectionPool.urlopen`) and counted by
-(client, verb, resource), where verb is what the API server would log: get, list, watch, create, patch,
-update, delete. New TLS connections of the urllib3 pool are counted too (connection churn is costly).
+The operator talks to the API server through three request paths: kopf's aiohttp session (its start-up
+API discovery only: kopf handles no objects), kubetrain's own `kube.Kube` on the `kubernetes` package's
+urllib3 pool (the informers' lists and watches of TrainingJobs, Services, Jobs and Pods) and `kube.Kube` on
+the operator's own keep-alive connections (`runtime/connections.py`: every other request, such as child
+creations and deletions, status patches, events). Each is wrapped at its single request entry point
+(`aiohttp.ClientSession._request`, `urllib3.HTTPConnectionPool.urlopen`, `Connections.exchange`) and
+counted by (client, verb, resource), where verb is what the API server would log: get, list, watch,
+create, patch, update, delete. New TLS connections of both pools are counted too (connection churn is
+costly).
 The counts are written to COUNTS.json twice a second and at exit. With PROFILE.prof, the main thread
 runs under cProfile and the profile is written at exit (SIGTERM or SIGINT): kopf's event loop, idle
 since kopf handles no objects; py-spy (benchmarks/results/operator-profile-n500.md) sees every thread.
 
 With KUBETRAIN_BENCH_STATE=PATH (benchmarks/operator_soak.py), the sizes of every per-object structure the
 process keeps are written to PATH every KUBETRAIN_BENCH_STATE_SECONDS (default 30): the controller's
-per-key dicts and delay heap, the cache's dicts, the event poster's queue, the metrics' label sets,
-threads, and the number of objects the garbage collector tracks. A soak reads them to tell which of them,
-if any, grows with the objects that went rather than the objects alive.
+per-key dicts and delay heap, the cache's dicts, the event poster's queue, the metrics' label sets, the
+operator's idle keep-alive connections, threads, and the number of objects the garbage collector tracks.
+A soak reads them to tell which of them, if any, grows with the objects that went rather than the
+objects alive.
 
 Counting in the process, not from the API server's metrics, is deliberate: `apiserver_request_total`
 has no user label, so it mixes the operator with the controller manager, the scheduler, kwok and the
@@ -98,6 +101,28 @@ def _install() -> None:
         return original_new_conn(self)
 
     urllib3.connectionpool.HTTPSConnectionPool._new_conn = new_conn  # type: ignore[method-assign]
+
+    from kubetrain_operator.runtime import connections
+
+    original_exchange = connections.Connections.exchange
+
+    def exchange(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            return original_exchange(self, method, url, *args, **kwargs)
+        finally:
+            _count("kube", method, url, time.monotonic() - started)
+
+    connections.Connections.exchange = exchange  # type: ignore[method-assign]
+
+    original_connect = connections.Connections._connect
+
+    def connect(self, deadline):  # type: ignore[no-untyped-def]
+        with _lock:
+            _counts[("kube", "tls-connect", "-")] += 1
+        return original_connect(self, deadline)
+
+    connections.Connections._connect = connect  # type: ignore[method-assign]
 
     original_request = aiohttp.ClientSession._request
 
@@ -182,6 +207,7 @@ def _state() -> dict[str, Any]:
             }
     for poster in _instances["poster"]:
         out["event_queue"] = poster._queue.qsize()
+    out["idle_connections"] = sum(len(pool._idle) for pool in _instances["connections"])
     out["gc_objects"] = len(gc.get_objects())
     return out
 
@@ -215,11 +241,12 @@ def main() -> None:
 
     state_path = os.environ.get("KUBETRAIN_BENCH_STATE")
     if state_path:
-        from kubetrain_operator.runtime import cache, controller, events
+        from kubetrain_operator.runtime import cache, connections, controller, events
 
         _keep_instances(controller.Controller, "controller")
         _keep_instances(cache.ClusterCache, "cache")
         _keep_instances(events.EventPoster, "poster")
+        _keep_instances(connections.Connections, "connections")
         every = float(os.environ.get("KUBETRAIN_BENCH_STATE_SECONDS", "30"))
         threading.Thread(target=_state_dumper, args=(state_path, every), daemon=True).start()
 
