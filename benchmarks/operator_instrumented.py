@@ -78,51 +78,42 @@ def _count(client: str, method: str, url: str, seconds: float = 0.0) -> None:
         _seconds[(client, verb, resource)] += seconds
 
 
+def _counted_requests(original: Any) -> Any:
+    """`original` (a method taking the HTTP method and URL first), counting each call with its time."""
+
+    def request(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            return original(self, method, url, *args, **kwargs)
+        finally:
+            _count("kube", method, url, time.monotonic() - started)
+
+    return request
+
+
+def _counted_connects(original: Any) -> Any:
+    """`original` (a method opening a new TLS connection), counting each call."""
+
+    def connect(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with _lock:
+            _counts[("kube", "tls-connect", "-")] += 1
+        return original(self, *args, **kwargs)
+
+    return connect
+
+
 def _install() -> None:
     import aiohttp
     import urllib3.connectionpool
-
-    original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
-
-    def urlopen(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
-        started = time.monotonic()
-        try:
-            return original_urlopen(self, method, url, *args, **kwargs)
-        finally:
-            _count("kube", method, url, time.monotonic() - started)
-
-    urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
-
-    original_new_conn = urllib3.connectionpool.HTTPSConnectionPool._new_conn
-
-    def new_conn(self):  # type: ignore[no-untyped-def]
-        with _lock:
-            _counts[("kube", "tls-connect", "-")] += 1
-        return original_new_conn(self)
-
-    urllib3.connectionpool.HTTPSConnectionPool._new_conn = new_conn  # type: ignore[method-assign]
-
     from kubetrain_operator.runtime import connections
 
-    original_exchange = connections.Connections.exchange
-
-    def exchange(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
-        started = time.monotonic()
-        try:
-            return original_exchange(self, method, url, *args, **kwargs)
-        finally:
-            _count("kube", method, url, time.monotonic() - started)
-
-    connections.Connections.exchange = exchange  # type: ignore[method-assign]
-
-    original_connect = connections.Connections._connect
-
-    def connect(self, deadline):  # type: ignore[no-untyped-def]
-        with _lock:
-            _counts[("kube", "tls-connect", "-")] += 1
-        return original_connect(self, deadline)
-
-    connections.Connections._connect = connect  # type: ignore[method-assign]
+    pool = urllib3.connectionpool.HTTPConnectionPool
+    pool.urlopen = _counted_requests(pool.urlopen)  # type: ignore[method-assign]
+    tls_pool = urllib3.connectionpool.HTTPSConnectionPool
+    tls_pool._new_conn = _counted_connects(tls_pool._new_conn)  # type: ignore[method-assign]
+    own = connections.Connections
+    own.exchange = _counted_requests(own.exchange)  # type: ignore[method-assign]
+    own._connect = _counted_connects(own._connect)  # type: ignore[method-assign]
 
     original_request = aiohttp.ClientSession._request
 
