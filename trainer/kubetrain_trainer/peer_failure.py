@@ -16,10 +16,11 @@ looks like from a slower rank, and a rank killed outright announces nothing; the
 
 A store's wait ends only when every key it names is set, so each rank's thread waits on a wake key of its
 own: an announcement sets the failure and then every rank's wake key, and leaving the group sets this rank's
-and joins the thread. The thread must be gone before the interpreter ends: a daemon thread still blocked in
-the store's C++ wait when the interpreter finalizes (its wait fails as rank 0's store server is freed) is
-ended by CPython on its way back into Python, through C++ frames that may not unwind, and the process
-aborts ("terminate called without an active exception", exit -6) instead of exiting with its own code.
+and joins the thread. The thread must be gone before the interpreter ends: a daemon thread still in the
+store's C++ calls when the interpreter finalizes (reading this rank's own announcement, or in a wait that
+fails as rank 0's store server is freed) is ended by CPython on its way back into Python, through C++
+frames that may not unwind, and the process aborts ("terminate called without an active exception",
+exit -6) instead of exiting with its own code.
 """
 
 from __future__ import annotations
