@@ -4,10 +4,11 @@ sent twice. (Every cluster test speaks to the real API server through it too, ov
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -233,27 +234,25 @@ def test_a_configuration_this_exchange_does_not_speak_keeps_urllib3(setting: str
     assert connections.for_client(client) is None
 
 
-def test_a_request_has_its_time_in_all_not_per_socket_operation() -> None:
-    """An answer trickling in (a byte every 0.1 s, 100 bytes) would renew a per-operation limit of 0.5 s
-    forever; the request's limit is a total, so it ends with TimeoutError."""
+@contextlib.contextmanager
+def _one_connection_server(
+    serve: Callable[[socket.socket, threading.Event], None],
+) -> Iterator[connections.Connections]:
+    """A pool on a server whose one connection reads the request, then runs `serve(sock, stop)` (`stop`
+    is set as the test ends): for answers `Scripted` does not give, such as a trickle or a reset."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
-    def trickle() -> None:
+    def accept_and_serve() -> None:
         sock, _ = listener.accept()
         with sock:
             sock.recv(65536)
-            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-            for _ in range(100):
-                if stop.wait(0.1):
-                    return
-                sock.sendall(b"x")
+            serve(sock, stop)
 
-    threading.Thread(target=trickle, daemon=True).start()
+    threading.Thread(target=accept_and_serve, daemon=True).start()
     pool = connections.Connections(f"http://127.0.0.1:{listener.getsockname()[1]}", None, None, 1)
     try:
-        with pytest.raises(TimeoutError):
-            _get_within(pool, 0.5)
+        yield pool
     finally:
         stop.set()
         pool.close()
@@ -264,24 +263,29 @@ def _get_within(pool: connections.Connections, timeout: float) -> connections.An
     return pool.exchange("GET", pool.origin + "/x", {}, None, timeout=timeout)
 
 
+def test_a_request_has_its_time_in_all_not_per_socket_operation() -> None:
+    """An answer trickling in (a byte every 0.1 s, 100 bytes) would renew a per-operation limit of 0.5 s
+    forever; the request's limit is a total, so it ends with TimeoutError."""
+
+    def trickle(sock: socket.socket, stop: threading.Event) -> None:
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            if stop.wait(0.1):
+                return
+            sock.sendall(b"x")
+
+    with _one_connection_server(trickle) as pool, pytest.raises(TimeoutError):
+        _get_within(pool, 0.5)
+
+
 def test_a_body_that_runs_to_the_connections_end_is_refused_when_the_connection_is_reset() -> None:
     """An answer without length or chunks ends with the connection; a reset (RST) is not that end, so
     the part received is not taken for the whole."""
-    listener = socket.create_server(("127.0.0.1", 0))
 
-    def reset_midway() -> None:
-        sock, _ = listener.accept()
-        sock.recv(65536)
+    def reset_midway(sock: socket.socket, stop: threading.Event) -> None:
         sock.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + OK[:5])
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        threading.Event().wait(0.2)  # the partial body reaches the client before the reset
-        sock.close()
+        stop.wait(0.2)  # the partial body reaches the client before the reset
 
-    threading.Thread(target=reset_midway, daemon=True).start()
-    pool = connections.Connections(f"http://127.0.0.1:{listener.getsockname()[1]}", None, None, 1)
-    try:
-        with pytest.raises(ConnectionResetError):
-            _get_within(pool, 5)
-    finally:
-        pool.close()
-        listener.close()
+    with _one_connection_server(reset_midway) as pool, pytest.raises(ConnectionResetError):
+        _get_within(pool, 5)
