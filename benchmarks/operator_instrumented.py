@@ -151,17 +151,41 @@ def _dump_tracemalloc(path: str) -> None:
     Path(path).write_text("\n".join(lines) + "\n")
 
 
-def _tracer(path: str) -> None:
-    """A snapshot whenever the traced heap is 10% above the largest seen so far."""
+def _tracer(path: str, baseline_after: float) -> None:
+    """A snapshot whenever the traced heap is 10% above the largest seen so far; and, from
+    `baseline_after` seconds on, what grew since a snapshot taken then (`<path>.growth`, every 5 minutes):
+    a leak in Python's heap shows there by its allocation site even when it is a few bytes per job."""
     import tracemalloc
 
     largest = 0
+    started = time.monotonic()
+    baseline = None
+    compared = 0.0
     while True:
         time.sleep(3)
         current, _ = tracemalloc.get_traced_memory()
         if current > largest * 1.1:
             largest = current
             _dump_tracemalloc(path)
+        now = time.monotonic()
+        if baseline is None and now - started >= baseline_after:
+            baseline, compared = tracemalloc.take_snapshot(), now
+        elif baseline is not None and now - compared >= 300:
+            compared = now
+            _dump_growth(f"{path}.growth", baseline, now - started)
+
+
+def _dump_growth(path: str, baseline: Any, elapsed: float) -> None:
+    import tracemalloc
+
+    snapshot = tracemalloc.take_snapshot()
+    growth = snapshot.compare_to(baseline, "traceback")
+    total = sum(stat.size_diff for stat in growth)
+    lines = [f"at {elapsed / 60:.1f} min: traced heap {total / 2**20:+.2f} MiB since the baseline"]
+    for stat in growth[:20]:
+        lines.append(f"{stat.size_diff / 2**10:+.1f} KiB in {stat.count_diff:+d} blocks")
+        lines.extend(f"    {line}" for line in stat.traceback.format()[-8:])
+    Path(path).write_text("\n".join(lines) + "\n")
 
 
 _instances: dict[str, list[Any]] = collections.defaultdict(list)
@@ -180,6 +204,7 @@ def _keep_instances(cls: Any, name: str) -> None:
 
 def _state() -> dict[str, Any]:
     import gc
+    import tracemalloc
 
     out: dict[str, Any] = {"time": time.time(), "threads": threading.active_count()}
     for controller in _instances["controller"]:
@@ -200,7 +225,44 @@ def _state() -> dict[str, Any]:
         out["event_queue"] = poster._queue.qsize()
     out["idle_connections"] = sum(len(pool._idle) for pool in _instances["connections"])
     out["gc_objects"] = len(gc.get_objects())
+    out["python_blocks"] = sys.getallocatedblocks()
+    out["malloc"] = _malloc_figures()
+    if tracemalloc.is_tracing():  # its own traces are malloc's too: subtract them from `in_use`
+        out["tracemalloc_overhead"] = tracemalloc.get_tracemalloc_memory()
     return out
+
+
+def _malloc_figures() -> dict[str, int]:
+    """glibc's own account (mallinfo2): bytes in use, free but kept in the arenas, and mapped for large
+    blocks. RSS that grows while `in_use` stays flat is the allocator's keeping, not a leak."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return {
+        "in_use": info.uordblks + info.hblkhd,
+        "free_kept": info.fordblks,
+        "mapped": info.hblkhd,
+        "arena": info.arena,
+    }
 
 
 def _state_dumper(path: str, every: float) -> None:
@@ -246,7 +308,8 @@ def main() -> None:
         import tracemalloc
 
         tracemalloc.start(8)
-        threading.Thread(target=_tracer, args=(trace_path,), daemon=True).start()
+        baseline_after = float(os.environ.get("KUBETRAIN_BENCH_TRACEMALLOC_BASELINE_SECONDS", "600"))
+        threading.Thread(target=_tracer, args=(trace_path, baseline_after), daemon=True).start()
 
     from kubetrain_operator import cli
 
