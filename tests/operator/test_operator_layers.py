@@ -59,6 +59,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
         "kube",
         "leader",
         "health",
+        "heap",
         "cache",
         "informer",
         "events",

@@ -6,6 +6,7 @@ Modules, in order (each imports only those before it, `api/` and `planning/`):
 - `kube`: the REST client, on plain dicts (authentication from the official client, raw JSON);
 - `leader`: Lease election, pure decisions and the requests that act on them;
 - `health`: the liveness endpoint a standby answers until kopf serves it;
+- `heap`: the C allocator's free memory given back to the system once a minute;
 - `cache`: TrainingJobs, their children and cluster objects as last seen, children filed by owner;
 - `informer`: the watches of TrainingJobs and their children that fill the cache;
 - `events`: Kubernetes Events about TrainingJobs, posted in the background;

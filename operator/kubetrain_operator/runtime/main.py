@@ -27,6 +27,7 @@ from kubetrain_operator.runtime import (
     discovery,
     events,
     health,
+    heap,
     informer,
     kube,
     leader,
@@ -234,10 +235,13 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         kueue_wanted=options.kueue,
     )
     late.start()
+    trimmer = heap.HeapTrimmer(heap.find_malloc_trim())
+    trimmer.start()
     memo["controller"] = controller
     memo["events"] = poster
     memo["informers"] = watched
     memo["discovery"] = late
+    memo["heap"] = trimmer
     # kopf serves the liveness endpoint right after its startup handlers: the standby's server gives the
     # address up now, so the probes never find it unanswered.
     _close_standby_health()
@@ -326,6 +330,9 @@ def shutdown(memo: Any, **_: Any) -> None:
     poster = memo.get("events")
     if poster is not None:
         poster.stop()
+    trimmer = memo.get("heap")
+    if trimmer is not None:
+        trimmer.stop()
 
 
 class StopRequested(SystemExit):
