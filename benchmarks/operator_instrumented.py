@@ -224,6 +224,8 @@ def _state() -> dict[str, Any]:
     for poster in _instances["poster"]:
         out["event_queue"] = poster._queue.qsize()
     out["idle_connections"] = sum(len(pool._idle) for pool in _instances["connections"])
+    for trimmer in _instances["heap"]:
+        out["heap_trims"] = {"count": trimmer.trims, "seconds": round(trimmer.trim_seconds, 4)}
     out["gc_objects"] = len(gc.get_objects())
     out["python_blocks"] = sys.getallocatedblocks()
     out["malloc"] = _malloc_figures()
@@ -265,6 +267,26 @@ def _malloc_figures() -> dict[str, int]:
     }
 
 
+def _time_trims(cls: Any) -> None:
+    """Count each trimmer's trims and the seconds they took (`trims`, `trim_seconds`): the trim's cost."""
+    original = cls.__init__
+
+    def init(self, trim, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.trims, self.trim_seconds = 0, 0.0
+
+        def timed(pad: int) -> int:
+            began = time.perf_counter()
+            try:
+                return trim(pad)
+            finally:
+                self.trim_seconds += time.perf_counter() - began
+                self.trims += 1
+
+        original(self, timed if trim is not None else None, *args, **kwargs)
+
+    cls.__init__ = init
+
+
 def _state_dumper(path: str, every: float) -> None:
     while True:
         time.sleep(every)
@@ -294,12 +316,14 @@ def main() -> None:
 
     state_path = os.environ.get("KUBETRAIN_BENCH_STATE")
     if state_path:
-        from kubetrain_operator.runtime import cache, connections, controller, events
+        from kubetrain_operator.runtime import cache, connections, controller, events, heap
 
         _keep_instances(controller.Controller, "controller")
         _keep_instances(cache.ClusterCache, "cache")
         _keep_instances(events.EventPoster, "poster")
         _keep_instances(connections.Connections, "connections")
+        _keep_instances(heap.HeapTrimmer, "heap")
+        _time_trims(heap.HeapTrimmer)
         every = float(os.environ.get("KUBETRAIN_BENCH_STATE_SECONDS", "30"))
         threading.Thread(target=_state_dumper, args=(state_path, every), daemon=True).start()
 
