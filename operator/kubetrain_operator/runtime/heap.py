@@ -50,7 +50,9 @@ class HeapTrimmer:
         if self._trim is None:
             logger.debug("the C library has no malloc_trim: freed memory stays with the allocator")
             return False
-        self._thread = threading.Thread(target=self._run, name="kubetrain-heap-trim", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._trim,), name="kubetrain-heap-trim", daemon=True
+        )
         self._thread.start()
         return True
 
@@ -59,7 +61,6 @@ class HeapTrimmer:
         if self._thread is not None:
             self._thread.join()
 
-    def _run(self) -> None:
-        assert self._trim is not None
+    def _run(self, trim: Callable[[int], int]) -> None:
         while not self._stopped.wait(self.interval):
-            self._trim(0)
+            trim(0)
