@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
+import functools
 import json
 import os
 import re
@@ -234,31 +236,36 @@ def _state() -> dict[str, Any]:
     return out
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's `mallinfo2`, looked up once (the state samples call it every 30 s)."""
+    function = ctypes.CDLL(None).mallinfo2
+    function.restype = _MallInfo2
+    return function
+
+
 def _malloc_figures() -> dict[str, int]:
     """glibc's own account (mallinfo2): bytes in use, free but kept in the arenas, and mapped for large
     blocks. RSS that grows while `in_use` stays flat is the allocator's keeping, not a leak."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [
-            (name, ctypes.c_size_t)
-            for name in (
-                "arena",
-                "ordblks",
-                "smblks",
-                "hblks",
-                "hblkhd",
-                "usmblks",
-                "fsmblks",
-                "uordblks",
-                "fordblks",
-                "keepcost",
-            )
-        ]
-
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
+    info = _mallinfo2()()
     return {
         "in_use": info.uordblks + info.hblkhd,
         "free_kept": info.fordblks,
