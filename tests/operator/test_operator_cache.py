@@ -90,6 +90,39 @@ def test_deleted_children_are_dropped() -> None:
     assert cache.forget(_versioned(job(0), 3)) is None  # already gone
 
 
+def test_a_disrupted_pod_deleted_while_its_job_stays_is_kept_until_the_job_goes() -> None:
+    """The Job controller deletes an evicted pod once it has failed the Job; the DELETED event's copy is
+    the only record of who took it."""
+    cache = ClusterCache()
+    cache.observe(_versioned(job(1), 1))
+    evicted = _versioned(pod(1, phase="Failed", exit_code=130, disruption="EvictionByEvictionAPI"), 2, "p1")
+    cache.observe(evicted)
+    assert cache.forget(_versioned(evicted, 3)) == (NS, "demo")
+    assert cache.children(NS, "demo", "Pod") == []
+    departed = cache.departed_pods(NS, "demo")
+    assert list(departed) == ["job-0-1"]
+    assert departed["job-0-1"]["status"]["conditions"][-1]["reason"] == "EvictionByEvictionAPI"
+    cache.forget(_versioned(job(1), 4))
+    assert cache.departed_pods(NS, "demo") == {}
+
+
+@pytest.mark.parametrize(
+    "deleted",
+    [
+        pytest.param(pod(1, phase="Failed", exit_code=1), id="a-pod-nobody-took-away"),
+        pytest.param(
+            pod(1, phase="Failed", disruption="DeletionByPodGC", attempt=1), id="a-pod-whose-job-went-first"
+        ),
+    ],
+)
+def test_no_last_state_is_kept_that_nothing_would_ask_for_or_drop(deleted: dict[str, Any]) -> None:
+    cache = ClusterCache()
+    cache.observe(_versioned(job(1), 1))  # attempt 0's Job: the attempt-1 pod's Job is not cached
+    cache.observe(_versioned(deleted, 2, "p1"))
+    cache.forget(_versioned(deleted, 3, "p1"))
+    assert cache.departed_pods(NS, "demo") == {}
+
+
 def test_objects_of_no_trainingjob_are_ignored() -> None:
     cache = ClusterCache()
     stray = {"kind": "Pod", "metadata": {"name": "p", "namespace": NS, "uid": "u"}}

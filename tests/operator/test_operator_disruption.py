@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kubetrain_operator.planning import builders, planner, plans
 from kubetrain_operator.planning import status as st
-from operator_fakes import context, job, observed, pod, running_status, trainer_spec
+from operator_fakes import context, job, observed, pod, running_status, service, trainer_spec, trainingjob
+from testcluster.manifests import merge_patch
 
 pytestmark = pytest.mark.unit
 
@@ -137,6 +138,62 @@ def test_a_disruption_whose_pod_is_gone_is_read_from_the_jobs_pod_failure_policy
     p = _plan(status=running_status(), jobs=[job(0), failed], pods=[peer_lost(0)])
     assert _reason(p, "Restarting") == "WorkerDisrupted"
     assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
+
+
+POLICY_VERDICT = (
+    "Pod default/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0"
+)
+
+
+def test_a_disruption_whose_pod_is_gone_is_named_by_the_pods_last_state_the_watch_reported() -> None:
+    """The Job controller deletes an evicted pod as soon as it has failed the Job: the verdict alone says
+    only "DisruptionTarget"; the pod's last state (runtime.cache keeps it) says who took it and where."""
+    failed = job(1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
+    obs = plans.Observed.from_objects(
+        trainingjob(status=running_status()),
+        services=[service()],
+        jobs=[job(0), failed],
+        pods=[peer_lost(0)],
+        departed={"job-0-1": evicted(1)},
+    )
+    p = planner.plan(obs, NOW)
+    assert (
+        "worker 1 (pod demo-r0-w1-abcde) on node node-2 was evicted through the Eviction API"
+        in (p.status["message"])
+    )
+    assert p.status["lastFailure"]["disruption"] == "EvictionByEvictionAPI"
+    assert (p.status["lastFailure"]["exitCode"], p.status["restarts"], p.status["disruptionRestarts"]) == (
+        130,
+        0,
+        1,
+    )
+
+
+def test_the_last_state_of_a_pod_of_another_job_names_no_disruption() -> None:
+    """A departed pod is matched to its Job by uid: a namesake's (a deleted TrainingJob's) is not ours."""
+    failed = job(1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
+    obs = plans.Observed.from_objects(
+        trainingjob(status=running_status()),
+        services=[service()],
+        jobs=[job(0), failed],
+        pods=[peer_lost(0)],
+        departed={"job-of-a-namesake": evicted(1)},
+    )
+    assert planner.plan(obs, NOW).status["lastFailure"]["disruption"] == "DisruptionTarget"
+
+
+def test_a_new_failure_leaves_nothing_of_the_previous_one_in_the_stored_status() -> None:
+    """Status is merge-patched: a field the new lastFailure lacks must be nulled, or the stored record
+    mixes the new message with the previous attempt's pod and exit code."""
+    first = _plan(status=running_status(), jobs=[job(0), job(1)], pods=[peer_lost(0), evicted(1)])
+    stored = merge_patch(running_status(), first.status)
+    assert stored["lastFailure"]["pod"] == "demo-r0-w1-abcde"
+    failed = job(1, 1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
+    running = dict(stored, phase="Running")
+    second = _plan(status=running, jobs=[job(0, 1), failed], pods=[pod(0, 1, phase="Running")])
+    again = merge_patch(stored, second.status)["lastFailure"]
+    assert again["restartAttempt"] == 1
+    assert "pod" not in again and "exitCode" not in again and "node" not in again, again
 
 
 def test_a_job_failed_for_another_reason_is_still_a_failure() -> None:

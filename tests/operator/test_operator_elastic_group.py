@@ -11,6 +11,7 @@ from kubetrain_operator.api import constants
 from kubetrain_operator.planning import builders, planner, plans
 from kubetrain_operator.planning import status as st
 from operator_fakes import NS, T0, UID, context, job, pod, service, trainer_spec, trainingjob
+from testcluster.manifests import merge_patch
 
 pytestmark = pytest.mark.unit
 
@@ -153,19 +154,6 @@ def test_after_a_replacement_nothing_is_created_or_deleted_twice() -> None:
     )
     assert again.create == [] and again.delete == []
     assert again.status["restarts"] == 1
-
-
-def merge_patch(stored: Any, patch: Any) -> Any:
-    """RFC 7386, as the operator writes status: maps merge key by key (null deletes), lists are replaced."""
-    if not isinstance(patch, dict) or not isinstance(stored, dict):
-        return copy.deepcopy(patch)
-    out = dict(stored)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 @pytest.mark.parametrize("lost", [0, 2])

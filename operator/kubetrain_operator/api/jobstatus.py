@@ -116,7 +116,8 @@ class WorkerFailure(base.Model):
             "disruption is set when the cluster took the worker away rather than the worker failing: the "
             "reason of its pod's DisruptionTarget condition (EvictionByEvictionAPI, PreemptionByScheduler, "
             "DeletionByTaintManager, DeletionByPodGC, TerminationByKubelet), or DisruptionTarget when only "
-            "the worker Job's podFailurePolicy said so. Such a restart counts in disruptionRestarts."
+            "the worker Job's podFailurePolicy said so (the pod was deleted before the operator saw its last "
+            "state, as across an operator restart). Such a restart counts in disruptionRestarts."
         ),
     )
 

@@ -65,9 +65,13 @@ def is_rendezvous(obj: Mapping[str, Any]) -> bool:
 
 
 def read_members(
-    attempts: Mapping[int, int], jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+    attempts: Mapping[int, int],
+    jobs: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    departed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Worker]:
-    """Every wanted worker as of its own attempt (`observe.read_worker` for each). Jobs and pods are filed
+    """Every wanted worker as of its own attempt (`observe.read_worker` for each, `departed` the last
+    states of deleted, disrupted pods by Job uid). Jobs and pods are filed
     by worker once: matching each member against every object made a reconcile of W workers cost W x
     (Jobs + pods), a second of CPU per replacement at 256 workers (benchmarks/peers_scale.py)."""
     job_of: dict[tuple[int, int] | None, Mapping[str, Any]] = {}
@@ -77,7 +81,9 @@ def read_members(
     for pod in pods:
         pods_of.setdefault(observe.worker_key(pod), []).append(pod)
     return [
-        observe.read_worker(index, attempt, job_of.get((attempt, index)), pods_of.get((attempt, index), []))
+        observe.read_worker(
+            index, attempt, job_of.get((attempt, index)), pods_of.get((attempt, index), []), departed
+        )
         for index, attempt in sorted(attempts.items())
     ]
 
@@ -93,7 +99,10 @@ def store_generation(status: Mapping[str, Any]) -> int:
 
 
 def _read_store(
-    name: str, obs_jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+    name: str,
+    obs_jobs: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    departed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Worker | None:
     """The current store (the Job named for the current generation), as a worker of index -1."""
     job = next((j for j in obs_jobs if is_rendezvous(j) and plans.name_of(j) == name), None)
@@ -101,7 +110,7 @@ def _read_store(
         return None
     uid = job["metadata"].get("uid")
     own = [p for p in pods if is_rendezvous(p) and observe.controlled_by(p, uid)]
-    return observe.read_worker(-1, 0, job, own)
+    return observe.read_worker(-1, 0, job, own, departed)
 
 
 def decide_failure(
@@ -196,8 +205,8 @@ def plan(
         counter=int(status["restartAttempt"]),
         restarts=int(status["restarts"]),
         attempts=attempts,
-        members=read_members(attempts, obs.jobs, obs.pods),
-        store=_read_store(current_store, obs.jobs, obs.pods),
+        members=read_members(attempts, obs.jobs, obs.pods, obs.departed),
+        store=_read_store(current_store, obs.jobs, obs.pods, obs.departed),
         old_stores=[j for j in obs.jobs if is_rendezvous(j) and plans.name_of(j) != current_store],
         stale=stale_jobs(attempts, obs.jobs),
     )

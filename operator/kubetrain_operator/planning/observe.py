@@ -214,9 +214,15 @@ def read_pod(pod: Mapping[str, Any], index: int, attempt: int, job_name: str | N
 
 
 def read_worker(
-    index: int, attempt: int, job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]
+    index: int,
+    attempt: int,
+    job: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+    departed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Worker:
-    """One worker's state from its Job (None when missing) and the pods carrying its labels."""
+    """One worker's state from its Job (None when missing) and the pods carrying its labels; `departed`
+    (Job uid -> the last state of its deleted, disrupted pod) speaks for a failed Job's pod once it is
+    gone."""
     if job is None:
         return Worker(index=index, attempt=attempt, phase="missing")
     job_name = job.get("metadata", {}).get("name")
@@ -230,6 +236,12 @@ def read_worker(
             index=index, attempt=attempt, phase="succeeded", job_name=job_name, exit_code=0, deleting=deleting
         )
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    last = (departed or {}).get(job.get("metadata", {}).get("uid") or "")
+    if failed and worker is None and last is not None:
+        # The pod is gone, but the watch's last copy of it says who took it, from where, and how it ended.
+        worker = read_pod(last, index, attempt, job_name)
+        if worker.phase == "failed":
+            return dataclasses.replace(worker, deleting=deleting)
     if failed:
         reason = failed.get("reason") or "JobFailed"
         message = failed.get("message")
@@ -278,9 +290,14 @@ def read_worker(
 
 
 def read_workers(
-    workers: int, attempt: int, jobs: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+    workers: int,
+    attempt: int,
+    jobs: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    departed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Worker]:
-    """Every worker 0..workers-1 of `attempt`, from the TrainingJob's (already owner-filtered) children."""
+    """Every worker 0..workers-1 of `attempt`, from the TrainingJob's (already owner-filtered) children
+    and the last states of their deleted, disrupted pods (`departed`, by Job uid)."""
     jobs_by_index: dict[int, Mapping[str, Any]] = {}
     for job in jobs:
         key = worker_key(job)
@@ -291,7 +308,10 @@ def read_workers(
         key = worker_key(pod)
         if key and key[0] == attempt:
             pods_by_index.setdefault(key[1], []).append(pod)
-    return [read_worker(i, attempt, jobs_by_index.get(i), pods_by_index.get(i, ())) for i in range(workers)]
+    return [
+        read_worker(i, attempt, jobs_by_index.get(i), pods_by_index.get(i, ()), departed)
+        for i in range(workers)
+    ]
 
 
 def stale_jobs(attempt: int, jobs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

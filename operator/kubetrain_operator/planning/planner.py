@@ -117,10 +117,10 @@ def _steps(obs: plans.Observed, now: datetime, defaults: plans.Defaults) -> plan
 
     if spec.elastic is not None:
         attempts = elastic_group.worker_attempts(status, spec.workers)
-        workers = elastic_group.read_members(attempts, obs.jobs, obs.pods)
+        workers = elastic_group.read_members(attempts, obs.jobs, obs.pods, obs.departed)
         stale = elastic_group.stale_jobs(attempts, obs.jobs)
     else:
-        workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods)
+        workers = observe.read_workers(spec.workers, attempt, obs.jobs, obs.pods, obs.departed)
         stale = observe.stale_jobs(attempt, obs.jobs)
     st.record_progress(status, observe.read_progress(obs.pods, attempt))
     p = steps.Pass(obs, spec, out, now, defaults, attempt, restarts, list(workers), list(stale))

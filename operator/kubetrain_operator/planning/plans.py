@@ -89,6 +89,10 @@ class Observed:
     """Pods filed under this TrainingJob's name that none of its Jobs controls and that have not ended: a
     deleted namesake's, or an orphan whose Job went without it. They may still run and write the same
     checkpoints, and the headless Service publishes their addresses under the workers' hostnames."""
+    departed: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """Job uid -> the last state of its pod the cluster took away and deleted (the watch's final copy,
+    see runtime.cache): a Job failed by its podFailurePolicy keeps only the verdict, this says who took
+    the pod, from which node, and how it exited."""
 
     @classmethod
     def from_objects(
@@ -100,6 +104,7 @@ class Observed:
         pods: Sequence[Mapping[str, Any]],
         workloads: Sequence[Mapping[str, Any]] = (),
         flavors: Mapping[str, Mapping[str, Any]] | None = None,
+        departed: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Observed:
         """Keep the children this TrainingJob controls; note the names others hold."""
         meta = body.get("metadata", {})
@@ -127,6 +132,7 @@ class Observed:
             lingering_pods=[
                 p for p in pods if observe.controller_uid(p) not in job_uids and not observe.has_ended(p)
             ],
+            departed={uid: pod for uid, pod in (departed or {}).items() if uid in job_uids},
         )
 
 

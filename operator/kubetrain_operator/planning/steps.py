@@ -208,6 +208,9 @@ def disruption_restarts(status: Mapping[str, Any]) -> int:
 
 
 def failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[str, Any]:
+    """The status's lastFailure for `worker`, every field present: the status is merge-patched, and a
+    field left out would keep the previous failure's value (a pod name and exit code of an earlier attempt
+    beside this failure's message); a None removes it."""
     return api.WorkerFailure(
         worker=worker.index,
         pod=worker.pod_name,
@@ -217,7 +220,7 @@ def failure_record(worker: observe.Worker, attempt: int, message: str) -> dict[s
         restart_attempt=attempt,
         node=worker.node,
         disruption=worker.disruption,
-    ).model_dump(by_alias=True, exclude_none=True)
+    ).model_dump(by_alias=True)
 
 
 def created_message(job_names: Sequence[str]) -> str:

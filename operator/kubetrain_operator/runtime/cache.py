@@ -24,6 +24,14 @@ The controller also records the objects its own writes return (`observe` again),
 write does not repeat it while the watch event is on its way; of two copies of an object the one with the
 higher resourceVersion wins.
 
+Departed pods: a worker pod the cluster took away (its DisruptionTarget condition) is deleted as soon
+as the Job controller has failed its Job by the podFailurePolicy, often before a reconcile reads it, and
+the Job keeps only the verdict ("has condition DisruptionTarget"), not which component took the pod, from
+which node, or how it exited. The watch's DELETED event carries the pod's last state: the cache keeps it
+under its Job's uid while the Job is cached (one per Job, dropped with the Job), so the planner can still
+say "evicted through the Eviction API" rather than "disrupted". An operator that restarts in between
+loses it, and the verdict alone is what is left.
+
 Slim copies: only what the planner reads is kept (no managedFields, no kubectl last-applied annotation,
 no Job or Service spec, a Pod's spec reduced to its node and scheduler), about a tenth of a Pod's size.
 Stored objects are never mutated, only replaced, so readers get them without copying.
@@ -39,6 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubetrain_operator.api import constants
+from kubetrain_operator.planning import observe
 
 Key = tuple[str, str]
 """(namespace, name) of a TrainingJob."""
@@ -142,6 +151,8 @@ class ClusterCache:
         self._cluster: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in CLUSTER_KINDS}
         self._placed: dict[tuple[str, str], Key] = {}
         """(kind, uid) -> the TrainingJob key its copy is filed under (to move or drop it)."""
+        self._departed: dict[Key, dict[str, dict[str, Any]]] = {}
+        """TrainingJob key -> Job uid -> the last state of its disrupted pod, deleted while the Job stays."""
 
     # ------------------------------------------------------------ feeding
 
@@ -203,7 +214,18 @@ class ClusterCache:
             key = self._placed.get((kind, uid))
             if key is not None:
                 self._drop_child(kind, uid, key)
+                if kind == "Pod":
+                    self._keep_departed(body, key)
         return key
+
+    def _keep_departed(self, pod: Mapping[str, Any], key: Key) -> None:
+        """Keep a deleted pod's last state when the cluster took it away and its Job is still cached."""
+        job_uid = observe.controller_uid(pod)
+        if job_uid is None or observe.disruption_of(pod) is None:
+            return
+        if self._placed.get(("Job", job_uid)) != key:
+            return  # its Job went first: nothing will ask, and nothing would drop the copy
+        self._departed.setdefault(key, {})[job_uid] = slim(pod)
 
     def _drop_child(self, kind: str, uid: str, key: Key) -> None:
         group = self._children[kind].get(key)
@@ -212,6 +234,10 @@ class ClusterCache:
             if not group:
                 del self._children[kind][key]
         self._placed.pop((kind, uid), None)
+        if kind == "Job":
+            departed = self._departed.get(key)
+            if departed is not None and departed.pop(uid, None) is not None and not departed:
+                del self._departed[key]
 
     def sweep(
         self, kind: str, pages: Iterable[tuple[list[dict[str, Any]], str]], in_scope: Callable[[str], bool]
@@ -287,6 +313,12 @@ class ClusterCache:
         """The cached cluster-scoped objects of `kind` by name (a copy of the index, objects shared)."""
         with self._lock:
             return dict(self._cluster[kind])
+
+    def departed_pods(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+        """Job uid -> the last state of that Job's disrupted pod, deleted while the Job is still cached,
+        for the TrainingJob `name` (a copy of the index, objects shared)."""
+        with self._lock:
+            return dict(self._departed.get((namespace, name)) or {})
 
     def children(self, namespace: str, name: str, kind: str) -> list[dict[str, Any]]:
         """The cached objects of `kind` filed under the TrainingJob `name` (any owner uid: the planner

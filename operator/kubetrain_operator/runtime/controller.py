@@ -306,6 +306,7 @@ class Controller:
             pods=self.cache.children(namespace, name, "Pod"),
             workloads=self.cache.children(namespace, name, "Workload"),
             flavors=self.cache.cluster_objects("ResourceFlavor"),
+            departed=self.cache.departed_pods(namespace, name),
         )
         plan = planner.plan(observed, self.clock(), self.defaults)
         with self._lock:
