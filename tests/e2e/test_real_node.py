@@ -180,6 +180,10 @@ def test_drained_workers_restart_the_group_without_spending_a_restart(
     assert (status["restarts"], status["disruptionRestarts"]) == (0, 2), status
     assert status["lastFailure"]["disruption"] == "EvictionByEvictionAPI", status["lastFailure"]
     assert status["lastFailure"]["node"], status["lastFailure"]
+    # The second eviction's record, whole: the Job controller deletes the evicted pod as soon as it has
+    # failed its Job, so its name and reason come from the watch's last copy, never from the first one's.
+    assert status["lastFailure"]["pod"].startswith("drain-ddp-r1-w1-"), status["lastFailure"]
+    assert status["lastFailure"]["restartAttempt"] == 1, status["lastFailure"]
     assert status["restartAttempt"] == 2 and status["progress"]["resumedFrom"]["attempt"] == 2, status
     events = cluster.kubectl(
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=drain-ddp"

@@ -307,6 +307,44 @@ def test_a_restart_decision_is_durable_before_the_old_workers_are_deleted() -> N
     assert [c for c in fake.calls[1:] if not c.startswith("delete Job demo-r0-")] == []
 
 
+def test_an_evicted_pod_deleted_before_the_reconcile_still_names_the_eviction() -> None:
+    """The Job controller fails the Job by its podFailurePolicy and deletes the evicted pod at once; the
+    reconcile after it reads the pod's last state from the watch's DELETED event, kept by the cache."""
+    fake = _fake_with_job()
+    ctl = _controller(fake)
+    ctl.reconcile(NS, "demo")
+    fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
+    evicted = fake.objects[("Pod", NS, "demo-r0-w1-abcde")]
+    evicted["status"]["phase"] = "Failed"
+    evicted["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 130, "reason": "Error"}}
+    evicted["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    )
+    fake._bump(evicted)
+    job = fake.objects[("Job", NS, "demo-r0-w1")]
+    job["status"] = {
+        "conditions": [
+            {
+                "type": "FailureTarget",
+                "status": "True",
+                "reason": "PodFailurePolicy",
+                "message": "Pod ns/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0",
+            }
+        ]
+    }
+    fake._bump(job)
+    fake._watch(fake.objects.pop(("Pod", NS, "demo-r0-w1-abcde")), deleted=True)
+    ctl.reconcile(NS, "demo")
+    failure = fake.status()["lastFailure"]
+    assert (failure["disruption"], failure["pod"], failure["exitCode"]) == (
+        "EvictionByEvictionAPI",
+        "demo-r0-w1-abcde",
+        130,
+    )
+    assert (fake.status()["restarts"], fake.status()["disruptionRestarts"]) == (0, 1)
+
+
 def test_a_reconcile_on_a_late_cache_repeats_no_creation() -> None:
     """The watch events of the children just created have not arrived yet: the controller's own
     record of what it created keeps the next reconcile from asking again."""
