@@ -145,41 +145,34 @@ POLICY_VERDICT = (
 )
 
 
-def test_a_disruption_whose_pod_is_gone_is_named_by_the_pods_last_state_the_watch_reported() -> None:
-    """The Job controller deletes an evicted pod as soon as it has failed the Job: the verdict alone says
-    only "DisruptionTarget"; the pod's last state (runtime.cache keeps it) says who took it and where."""
+def _plan_after_pod_gone(departed: dict[str, dict[str, Any]]) -> plans.Plan:
+    """Worker 1's Job failed by its podFailurePolicy, its pod deleted; `departed` as the cache kept it."""
     failed = job(1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
     obs = plans.Observed.from_objects(
         trainingjob(status=running_status()),
         services=[service()],
         jobs=[job(0), failed],
         pods=[peer_lost(0)],
-        departed={"job-0-1": evicted(1)},
+        departed=departed,
     )
-    p = planner.plan(obs, NOW)
-    assert (
-        "worker 1 (pod demo-r0-w1-abcde) on node node-2 was evicted through the Eviction API"
-        in (p.status["message"])
-    )
-    assert p.status["lastFailure"]["disruption"] == "EvictionByEvictionAPI"
-    assert (p.status["lastFailure"]["exitCode"], p.status["restarts"], p.status["disruptionRestarts"]) == (
-        130,
-        0,
-        1,
-    )
+    return planner.plan(obs, NOW)
+
+
+def test_a_disruption_whose_pod_is_gone_is_named_by_the_pods_last_state_the_watch_reported() -> None:
+    """The Job controller deletes an evicted pod as soon as it has failed the Job: the verdict alone says
+    only "DisruptionTarget"; the pod's last state (runtime.cache keeps it) says who took it and where."""
+    p = _plan_after_pod_gone({"job-0-1": evicted(1)})
+    said = "worker 1 (pod demo-r0-w1-abcde) on node node-2 was evicted through the Eviction API"
+    assert said in p.status["message"]
+    failure = p.status["lastFailure"]
+    assert (failure["disruption"], failure["exitCode"]) == ("EvictionByEvictionAPI", 130)
+    assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
 
 
 def test_the_last_state_of_a_pod_of_another_job_names_no_disruption() -> None:
     """A departed pod is matched to its Job by uid: a namesake's (a deleted TrainingJob's) is not ours."""
-    failed = job(1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
-    obs = plans.Observed.from_objects(
-        trainingjob(status=running_status()),
-        services=[service()],
-        jobs=[job(0), failed],
-        pods=[peer_lost(0)],
-        departed={"job-of-a-namesake": evicted(1)},
-    )
-    assert planner.plan(obs, NOW).status["lastFailure"]["disruption"] == "DisruptionTarget"
+    p = _plan_after_pod_gone({"job-of-a-namesake": evicted(1)})
+    assert p.status["lastFailure"]["disruption"] == "DisruptionTarget"
 
 
 def test_a_new_failure_leaves_nothing_of_the_previous_one_in_the_stored_status() -> None:
