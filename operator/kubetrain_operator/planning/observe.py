@@ -236,11 +236,11 @@ def read_worker(
             index=index, attempt=attempt, phase="succeeded", job_name=job_name, exit_code=0, deleting=deleting
         )
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
-    last = (departed or {}).get(job.get("metadata", {}).get("uid") or "")
-    if failed and worker is None and last is not None:
+    if failed and worker is None and departed:
         # The pod is gone, but the watch's last copy of it says who took it, from where, and how it ended.
-        worker = read_pod(last, index, attempt, job_name)
-        if worker.phase == "failed":
+        last = departed.get(job.get("metadata", {}).get("uid") or "")
+        worker = read_pod(last, index, attempt, job_name) if last is not None else None
+        if worker is not None and worker.phase == "failed":
             return dataclasses.replace(worker, deleting=deleting)
     if failed:
         reason = failed.get("reason") or "JobFailed"
