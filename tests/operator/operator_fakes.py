@@ -171,12 +171,14 @@ def observed(
     pods: list[dict[str, Any]] | None = None,
     with_service: bool = True,
     name: str = "demo",
+    departed: dict[str, dict[str, Any]] | None = None,
 ) -> plans.Observed:
     return plans.Observed.from_objects(
         trainingjob(name, spec, status),
         services=[service(name)] if with_service else [],
         jobs=jobs or [],
         pods=pods or [],
+        departed=departed,
     )
 
 

@@ -18,7 +18,7 @@ from kubetrain_operator.runtime.cache import ClusterCache, owner_name
 from kubetrain_operator.runtime.controller import Controller
 from kubetrain_operator.runtime.metrics import Metrics
 from kubetrain_trainer import contract
-from operator_fakes import NS, pod, trainer_spec, trainingjob
+from operator_fakes import NS, job, pod, trainer_spec, trainingjob
 
 pytestmark = pytest.mark.unit
 
@@ -316,24 +316,14 @@ def test_an_evicted_pod_deleted_before_the_reconcile_still_names_the_eviction() 
     fake.run_pods("Running")
     ctl.reconcile(NS, "demo")
     evicted = fake.objects[("Pod", NS, "demo-r0-w1-abcde")]
-    evicted["status"]["phase"] = "Failed"
-    evicted["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 130, "reason": "Error"}}
-    evicted["status"]["conditions"].append(
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
-    )
+    evicted["status"] = pod(1, phase="Failed", exit_code=130, disruption="EvictionByEvictionAPI")["status"]
     fake._bump(evicted)
-    job = fake.objects[("Job", NS, "demo-r0-w1")]
-    job["status"] = {
-        "conditions": [
-            {
-                "type": "FailureTarget",
-                "status": "True",
-                "reason": "PodFailurePolicy",
-                "message": "Pod ns/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0",
-            }
-        ]
-    }
-    fake._bump(job)
+    verdict = "Pod ns/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0"
+    worker_job = fake.objects[("Job", NS, "demo-r0-w1")]
+    worker_job["status"] = job(1, condition="FailureTarget", reason="PodFailurePolicy", message=verdict)[
+        "status"
+    ]
+    fake._bump(worker_job)
     fake._watch(fake.objects.pop(("Pod", NS, "demo-r0-w1-abcde")), deleted=True)
     ctl.reconcile(NS, "demo")
     failure = fake.status()["lastFailure"]

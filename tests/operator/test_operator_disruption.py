@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubetrain_operator.planning import builders, planner, plans
 from kubetrain_operator.planning import status as st
-from operator_fakes import context, job, observed, pod, running_status, service, trainer_spec, trainingjob
+from operator_fakes import context, job, observed, pod, running_status, trainer_spec
 from testcluster.manifests import merge_patch
 
 pytestmark = pytest.mark.unit
@@ -128,18 +128,6 @@ def test_each_disruption_is_named_by_who_caused_it(reason: str, words: str) -> N
     assert words in p.status["message"]
 
 
-def test_a_disruption_whose_pod_is_gone_is_read_from_the_jobs_pod_failure_policy_verdict() -> None:
-    failed = job(
-        1,
-        condition="Failed",
-        reason="PodFailurePolicy",
-        message="Pod default/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0",
-    )
-    p = _plan(status=running_status(), jobs=[job(0), failed], pods=[peer_lost(0)])
-    assert _reason(p, "Restarting") == "WorkerDisrupted"
-    assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
-
-
 POLICY_VERDICT = (
     "Pod default/demo-r0-w1-abcde has condition DisruptionTarget matching FailJob rule at index 0"
 )
@@ -148,14 +136,13 @@ POLICY_VERDICT = (
 def _plan_after_pod_gone(departed: dict[str, dict[str, Any]]) -> plans.Plan:
     """Worker 1's Job failed by its podFailurePolicy, its pod deleted; `departed` as the cache kept it."""
     failed = job(1, condition="Failed", reason="PodFailurePolicy", message=POLICY_VERDICT)
-    obs = plans.Observed.from_objects(
-        trainingjob(status=running_status()),
-        services=[service()],
-        jobs=[job(0), failed],
-        pods=[peer_lost(0)],
-        departed=departed,
-    )
-    return planner.plan(obs, NOW)
+    return _plan(status=running_status(), jobs=[job(0), failed], pods=[peer_lost(0)], departed=departed)
+
+
+def test_a_disruption_whose_pod_is_gone_is_read_from_the_jobs_pod_failure_policy_verdict() -> None:
+    p = _plan_after_pod_gone({})
+    assert _reason(p, "Restarting") == "WorkerDisrupted"
+    assert (p.status["restarts"], p.status["disruptionRestarts"]) == (0, 1)
 
 
 def test_a_disruption_whose_pod_is_gone_is_named_by_the_pods_last_state_the_watch_reported() -> None:
