@@ -77,8 +77,13 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The whole suite: lint, unit, distributed (multi-process torch), cluster and real-node (e2e) tests.
-test: venv system-packages binaries node-images lint
+# The whole suite: lint, unit, distributed (multi-process torch), cluster and real-node (e2e) tests. Cold,
+# the builds overlap: the tools tests build on first use start in the background at the lowest CPU
+# priority, and the images build beside the Kubernetes binaries (each build holds its own lock; warm, all
+# of it is a few seconds of cache checks).
+test: venv system-packages lint
+	PYTHONPATH=tests $(BIN)/python -m testcluster build-in-background
+	$(MAKE) --no-print-directory -j2 binaries node-images
 	$(BIN)/python -m pytest
 
 # The fast tests: no Go, no built binary, no cluster, no training run (about a minute on 2 cores).

@@ -119,6 +119,20 @@ def test_make_test_builds_and_pushes_the_podman_images_the_real_node_pulls_whate
     assert not (bin_dir / "calls").exists()
 
 
+def test_make_test_lints_then_starts_the_background_builds_before_the_others_and_pytest_last() -> None:
+    made = make("-n", "test")
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.splitlines()
+    order = [
+        ".venv/bin/ruff check .",
+        "PYTHONPATH=tests .venv/bin/python -m testcluster build-in-background",
+        "bash hack/build-k8s.sh",
+        ".venv/bin/python -m pytest",
+    ]
+    assert [lines.index(line) for line in order] == sorted(lines.index(line) for line in order)
+    assert lines[-1] == ".venv/bin/python -m pytest"
+
+
 def test_the_docker_build_tags_both_dockerfiles_images_with_the_version(tmp_path: Path) -> None:
     bin_dir = fake_docker(tmp_path / "bin", engine_answers=True)
     env = {

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,3 +108,38 @@ def _ensure_tool(script: Path, name: str) -> Path:
     if not binary.is_file():
         raise FileNotFoundError(f"{script} finished but {binary} is missing")
     return binary
+
+
+ON_FIRST_USE_BUILDS: tuple[tuple[str, ...], ...] = (
+    ("bash", str(REGISTRY_BUILD_SCRIPT)),
+    ("bash", str(PROMTOOL_BUILD_SCRIPT)),
+    ("bash", str(ACTIONLINT_BUILD_SCRIPT)),
+    ("bash", str(BUILD_SCRIPT), "--control-plane-only", OLDEST_KUBERNETES_VERSION),
+)
+"""The builds a test otherwise starts when it first needs the binary, in the order `make test` needs them:
+the registry before pytest (`make node-images`), then the chart tests' promtool and oldest control plane."""
+BACKGROUND_BUILD_LOG = CACHE_ROOT / "background-builds.log"
+
+
+def start_background_builds(
+    builds: Sequence[Sequence[str]] = ON_FIRST_USE_BUILDS, log: Path = BACKGROUND_BUILD_LOG
+) -> subprocess.Popen[bytes]:
+    """Run `builds` one after another in a detached session at the lowest CPU priority; return at once.
+
+    Cold, these builds take about nine minutes of a 2-core machine where a test first needs them, while
+    the foreground builds (single-threaded link steps, module downloads) and the waiting tests leave a core
+    idle for much of `make test`: started first, they use that idle CPU instead. Each build script holds
+    its own lock, so whoever needs a binary first waits for the build under way, then finds it cached; a
+    background build that fails leaves the binary missing, and the test's own call builds it again and
+    shows the error. Warm, each script finds its binary and exits at once.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    chain = "; ".join(shlex.join(build) for build in builds)
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            ["nice", "-n", "19", "bash", "-c", chain],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
