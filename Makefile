@@ -38,6 +38,7 @@ venv: $(VENV)/.installed
 system-packages:
 	bash hack/install-system-packages.sh
 
+# The test cluster's binaries; the tools only some tests need (Kueue, promtool, ...) build on first use.
 binaries:
 	bash hack/build-k8s.sh
 
@@ -78,9 +79,9 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 # The whole suite: lint, unit, distributed (multi-process torch), cluster and real-node (e2e) tests. Cold,
-# the builds overlap: the tools tests build on first use start in the background at the lowest CPU
-# priority, and the images build beside the Kubernetes binaries (each build holds its own lock; warm, all
-# of it is a few seconds of cache checks).
+# the builds overlap: the tools tests build on first use (Kueue among them) start in the background at
+# the lowest CPU priority, and the images build beside the Kubernetes binaries (each build holds its own
+# lock; warm, all of it is a few seconds of cache checks).
 test: venv system-packages lint
 	PYTHONPATH=tests $(BIN)/python -m testcluster build-in-background
 	$(MAKE) --no-print-directory -j2 binaries node-images

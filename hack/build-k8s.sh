@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, helm, and for the real node kubelet, kube-proxy and CoreDNS) from upstream Go modules,
-# once per version set; Kueue comes from hack/build-kueue.sh and is linked in as kueue and kueue-config/.
+# once per version set. Kueue is not part of the set: only the Kueue tests run it, so hack/build-kueue.sh
+# builds it on their first use (or in `make test`'s background builds) into a directory of its own.
 #
 # Only the Go module proxy is reachable from our machines, so release binaries cannot be downloaded.
 # Binaries land in $KUBETRAIN_CACHE/k8s-bin/<versions>/ and a rerun with the same versions is a no-op.
@@ -112,6 +113,27 @@ build_simple() {  # name module-main-package module version
   log "$name: done"
 }
 
+# CoreDNS with only the plugins the real node's Corefile uses (tests/testcluster/node.py): a main of our
+# own that imports them, as CoreDNS documents for custom builds. Its stock main imports every plugin,
+# whose cloud providers' SDKs (Route 53, Azure DNS, Cloud DNS) and others were most of the build.
+COREDNS_PLUGINS="bind cache errors kubernetes template"
+build_coredns() {
+  have coredns && return
+  log "coredns $COREDNS_VERSION: building with the plugins $COREDNS_PLUGINS"
+  local dir="$work/coredns"; mkdir -p "$dir"
+  printf 'module kubetrain.local/corednsbuild\n\ngo 1.25\n\nrequire github.com/coredns/coredns %s\n' \
+    "$COREDNS_VERSION" >"$dir/go.mod"
+  {
+    echo "package main"; echo; echo "import ("
+    local plugin
+    for plugin in $COREDNS_PLUGINS; do echo "	_ \"github.com/coredns/coredns/plugin/$plugin\""; done
+    echo "	\"github.com/coredns/coredns/coremain\""; echo ")"; echo
+    echo "func main() { coremain.Run() }"
+  } >"$dir/main.go"
+  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$out/coredns.tmp" . && mv "$out/coredns.tmp" "$out/coredns")
+  log "coredns: done"
+}
+
 start=$(date +%s)
 if [ "$control_plane_only" = 1 ]; then
   build_kubernetes
@@ -123,11 +145,6 @@ build_etcd
 build_simple kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 build_simple helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
 build_kubernetes
-build_simple coredns github.com/coredns/coredns github.com/coredns/coredns "$COREDNS_VERSION"
-# Kueue is cached under its own version key (a new Kueue must not rebuild the control plane); the links
-# make this directory hold every binary the tests need, pointing at the version KUEUE_VERSION names.
-kueue_dir=$(bash "$(dirname "$0")/build-kueue.sh" | tail -n 1)
-ln -sfn "$kueue_dir/kueue" "$out/kueue"
-ln -sfn "$kueue_dir" "$out/kueue-config"
+build_coredns
 log "all binaries present in $(( $(date +%s) - start ))s"
 echo "$out"

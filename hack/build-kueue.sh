@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build Kueue's manager (sigs.k8s.io/kueue/cmd/kueue) from the Go module proxy and copy its CRDs and
-# webhook configurations out of the module zip, once per Kueue version. Called by build-k8s.sh, which links the results into its own
-# binary directory; runnable alone too.
+# webhook configurations out of the module zip, once per Kueue version. Called by the tests on first use
+# (testcluster.binaries.ensure_kueue) and by `make test`'s background builds; runnable alone too.
 #
 # Binary, CRDs (crds/) and webhook configurations (webhooks.yaml) land in $KUBETRAIN_CACHE/k8s-bin/kueue-<version>/ (a directory of their own, so a new
 # Kueue version does not rebuild the control plane); a rerun with the same version is a no-op.

@@ -8,7 +8,7 @@ while streaming `kubectl get tj -w`, and keeps the cluster up until Enter or Ctr
 (`make node-images`) builds the operator and trainer images with podman and pushes them into the real-node
 cluster's registry storage, where its node pulls them from. `build-in-background` (the first step of `make
 test`) starts the builds tests otherwise run on first use (the registry, promtool, actionlint, the oldest
-control plane) at the lowest CPU priority and returns at once.
+control plane, Kueue) at the lowest CPU priority and returns at once.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 ACTIONLINT_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-actionlint.sh"
 PROMTOOL_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-promtool.sh"
 REGISTRY_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-registry.sh"
+KUEUE_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-kueue.sh"
 CACHE_ROOT = Path(os.environ.get("KUBETRAIN_CACHE", Path.home() / ".cache" / "kubetrain"))
 """Where builds are cached (binaries, images, the real node's image store), as hack/*.sh use it."""
 KUBERNETES_VERSION = "v1.37.2"
@@ -37,7 +38,6 @@ REQUIRED = (
     "kubelet",
     "kube-proxy",
     "coredns",
-    "kueue",
 )
 
 
@@ -89,6 +89,18 @@ def ensure_promtool() -> Path:
     return _ensure_tool(PROMTOOL_BUILD_SCRIPT, "promtool")
 
 
+def ensure_kueue() -> Path:
+    """Return the directory holding Kueue's manager (kueue), its CRDs (crds/) and webhook configurations
+    (webhooks.yaml), building them if missing (about four minutes cold on 2 cores, nothing when cached).
+
+    Only the Kueue tests run it, so a cold suite starts without waiting for it."""
+    directory = _ensure_tool(KUEUE_BUILD_SCRIPT, "kueue").parent
+    for part in ("crds", "webhooks.yaml"):
+        if not (directory / part).exists():
+            raise FileNotFoundError(f"{KUEUE_BUILD_SCRIPT} finished but {directory / part} is missing")
+    return directory
+
+
 def ensure_registry() -> Path:
     """Return the container registry (Distribution's `registry`) the real node pulls from, building it
     alone if missing (252 s cold on 2 loaded cores, nothing when cached)."""
@@ -115,9 +127,11 @@ ON_FIRST_USE_BUILDS: tuple[tuple[str, ...], ...] = (
     ("bash", str(PROMTOOL_BUILD_SCRIPT)),
     ("bash", str(ACTIONLINT_BUILD_SCRIPT)),
     ("bash", str(BUILD_SCRIPT), "--control-plane-only", OLDEST_KUBERNETES_VERSION),
+    ("bash", str(KUEUE_BUILD_SCRIPT)),
 )
 """The builds a test otherwise starts when it first needs the binary, in the order `make test` needs them:
-the registry before pytest (`make node-images`), then the chart tests' promtool and oldest control plane."""
+the registry before pytest (`make node-images`), then the chart tests' promtool and oldest control plane,
+then Kueue (its tests come a quarter of an hour into pytest)."""
 BACKGROUND_BUILD_LOG = CACHE_ROOT / "background-builds.log"
 
 
@@ -126,7 +140,7 @@ def start_background_builds(
 ) -> subprocess.Popen[bytes]:
     """Run `builds` one after another in a detached session at the lowest CPU priority; return at once.
 
-    Cold, these builds take about nine minutes of a 2-core machine where a test first needs them, while
+    Cold, these builds take about thirteen minutes of a 2-core machine where a test first needs them, while
     the foreground builds (single-threaded link steps, module downloads) and the waiting tests leave a core
     idle for much of `make test`: started first, they use that idle CPU instead. Each build script holds
     its own lock, so whoever needs a binary first waits for the build under way, then finds it cached; a

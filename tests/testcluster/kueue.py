@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from testcluster import pki, processes
+from testcluster import binaries, pki, processes
 from testcluster.cluster import Cluster
 from testcluster.waiting import wait_for
 
@@ -37,11 +37,6 @@ WEBHOOK_GROUPS = ("kueue.x-k8s.io", "batch")
 
 PODS_READY_TIMEOUT_SECONDS = 30
 """Kueue's waitForPodsReady timeout here: shorter than the jobs that must outlive it."""
-
-
-def config_dir(cluster: Cluster) -> Path:
-    """The built Kueue's CRDs (crds/) and webhook configurations (webhooks.yaml)."""
-    return cluster.bin_dir / "kueue-config"
 
 
 def configuration(webhook_port: int, probe_port: int, cert_dir: Path) -> dict[str, Any]:
@@ -99,7 +94,7 @@ def _ensure_metrics_certs() -> None:
 def running_kueue(cluster: Cluster, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Install Kueue's CRDs and webhooks and run its manager until the block ends; the webhook
     configurations go first on the way out (a webhook whose server is gone fails every request)."""
-    source = config_dir(cluster)
+    source = binaries.ensure_kueue()
     cluster.kubectl("apply", "--server-side", "-f", str(source / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "-f", str(source / "crds"), "--timeout=90s")
     cluster.kubectl("create", "namespace", NAMESPACE)
@@ -109,7 +104,7 @@ def running_kueue(cluster: Cluster, directory: Path) -> Iterator[subprocess.Pope
     webhook_port, probe_port = processes.free_port(), processes.free_port()
     config = directory / "kueue-config.yaml"
     config.write_text(yaml.safe_dump(configuration(webhook_port, probe_port, serving.directory)))
-    argv = [str(cluster.bin_dir / "kueue"), f"--config={config}", f"--kubeconfig={cluster.kubeconfig}"]
+    argv = [str(source / "kueue"), f"--config={config}", f"--kubeconfig={cluster.kubeconfig}"]
     process = processes.start("kueue", argv, directory, detached=False)
     hooks = webhook_configurations(source / "webhooks.yaml", webhook_port, serving.ca_cert.read_bytes())
     try:
