@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 from kubetrain_operator.api import constants
-from kubetrain_operator.planning import plans
+from kubetrain_operator.planning import observe, plans
 from kubetrain_operator.planning import status as st
 from kubetrain_operator.runtime import informer, kube
 from kubetrain_operator.runtime.cache import ClusterCache
@@ -139,10 +139,7 @@ def test_a_worker_job_deleted_by_hand_is_created_again_and_only_that_one(
         pods = [
             pod
             for pod in _listed(client, "Pod", namespace)
-            if any(
-                ref.get("uid") == victim["metadata"]["uid"]
-                for ref in pod["metadata"].get("ownerReferences") or ()
-            )
+            if observe.controller_uid(pod) == victim["metadata"]["uid"]
         ]
         return victim["metadata"]["name"] not in jobs and not pods
 

@@ -6,9 +6,9 @@ export; `down` stops every process it started and deletes the directory. `demo` 
 starts a one-node cluster with real containers, installs the chart, runs examples/cifar10-cpu.yaml on it
 while streaming `kubectl get tj -w`, and keeps the cluster up until Enter or Ctrl-C. `push-images`
 (`make node-images`) builds the operator and trainer images with podman and pushes them into the real-node
-cluster's registry storage, where its node pulls them from. `build-in-background` (the first step of `make
-test`) starts the builds tests otherwise run on first use (the registry, promtool, actionlint, the oldest
-control plane, Kueue) at the lowest CPU priority and returns at once.
+cluster's registry storage, where its node pulls them from. `build-in-background` (run by `make test`
+before its builds) starts the builds tests otherwise run on first use (the registry, promtool,
+actionlint, the oldest control plane, Kueue) at the lowest CPU priority and returns at once.
 """
 
 from __future__ import annotations
