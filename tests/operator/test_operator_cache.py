@@ -45,6 +45,17 @@ def test_a_trainingjob_is_kept_without_kubectls_copy_of_itself() -> None:
     assert kept["spec"] == body["spec"]
 
 
+def test_a_trainingjob_status_that_is_only_the_schemas_default_is_kept_as_never_written() -> None:
+    """The API server shows a new job's status as Pending (the CRD's default) before the operator writes
+    one: the planner must still see a job whose first status is to be written, and so must needs_workers."""
+    fresh, ours = trainingjob(status={"phase": "Pending"}), trainingjob(status={"phase": "Pending", "x": 1})
+    assert "status" not in slim(fresh)
+    assert slim(ours)["status"] == {"phase": "Pending", "x": 1}
+    cache = ClusterCache()
+    key = cache.observe(fresh)
+    assert key is not None and needs_workers(cache.trainingjob(*key) or {})
+
+
 def test_children_are_filed_under_their_trainingjob_by_owner() -> None:
     cache = ClusterCache()
     long_name = "x" * 100  # pods name their TrainingJob in an annotation: labels stop at 63 characters

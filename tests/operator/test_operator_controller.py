@@ -791,7 +791,7 @@ def test_worker_threads_reconcile_what_is_enqueued() -> None:
     assert len(fake.creations) == len(set(fake.creations)) == 9
 
 
-def test_a_job_whose_workers_run_within_its_start_wait_gets_one_status_write_for_its_start() -> None:
+def test_a_job_whose_workers_run_soon_gets_one_status_write_its_start_wait_after_they_run() -> None:
     fake = _fake_with_job()
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
@@ -801,8 +801,10 @@ def test_a_job_whose_workers_run_within_its_start_wait_gets_one_status_write_for
     ctl.reconcile(NS, "demo")  # the Jobs' events
     fake.run_pods("Running")
     ctl.reconcile(NS, "demo")
+    ticks.now += WAITS.start - 1
+    ctl.reconcile(NS, "demo")
     assert "patch status" not in fake.calls
-    ticks.now += WAITS.start - 1  # the first change's wait is over
+    ticks.now += 1  # Running's wait is over (Pending's, from the first pass, is longer)
     ctl.reconcile(NS, "demo")
     assert fake.calls.count("patch status") == 1
     status = fake.status()
@@ -814,11 +816,14 @@ def test_a_job_whose_workers_run_within_its_start_wait_gets_one_status_write_for
     assert ctl.metrics.created.labels(namespace=NS)._value.get() == 1
 
 
-def test_a_group_that_runs_for_less_than_its_start_wait_is_written_pending_then_succeeded() -> None:
+def test_a_group_that_waits_for_its_pods_is_written_pending_after_its_details_wait_then_succeeded() -> None:
     fake = _fake_with_job()
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
-    ticks.now += WAITS.start
+    ticks.now += WAITS.details - 1
+    ctl.reconcile(NS, "demo")
+    assert "patch status" not in fake.calls  # kubectl shows Pending meanwhile: the schema's default
+    ticks.now += 1
     ctl.reconcile(NS, "demo")
     assert fake.calls.count("patch status") == 1 and fake.status()["phase"] == "Pending"
     fake.run_pods("Running")
@@ -838,6 +843,7 @@ def test_worker_counts_wait_for_another_change_and_a_restart_carries_them_at_onc
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
     fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
     ticks.now += WAITS.start
     ctl.reconcile(NS, "demo")
     assert fake.calls.count("patch status") == 1 and fake.status()["phase"] == "Running"
@@ -863,6 +869,7 @@ def test_progress_waits_its_details_wait() -> None:
     ctl, ticks = _holding_controller(fake)
     ctl.reconcile(NS, "demo")
     fake.run_pods("Running")
+    ctl.reconcile(NS, "demo")
     ticks.now += WAITS.start
     ctl.reconcile(NS, "demo")
     rank0 = fake.objects[("Pod", NS, "demo-r0-w0-abcde")]

@@ -49,7 +49,24 @@ QUEUED = {
 @pytest.mark.parametrize(
     ("stored", "planned", "wait"),
     [
-        pytest.param({}, PENDING, WAITS.start, id="a new job's first status waits for its start"),
+        pytest.param(
+            {},
+            PENDING,
+            WAITS.details,
+            id="a new job waiting for its pods: kubectl shows the schema's Pending meanwhile",
+        ),
+        pytest.param(
+            {},
+            {**PENDING, "pendingReason": "WaitingForScheduler"},
+            WAITS.details,
+            id="and for the scheduler",
+        ),
+        pytest.param(
+            {},
+            {**PENDING, "pendingReason": "Unschedulable", "pendingMessage": "0/3 nodes"},
+            WAITS.start,
+            id="a new job pending for a reason to act on waits only for its start",
+        ),
         pytest.param({}, RUNNING, WAITS.start, id="a new job already running: its start too"),
         pytest.param({}, QUEUED, WAITS.start, id="a new queued job waits for Kueue's word"),
         pytest.param(

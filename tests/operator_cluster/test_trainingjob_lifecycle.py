@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes import client, config, watch
+from kubetrain_operator.api import constants
 from testcluster.cluster import Cluster
 from testcluster.manifests import trainingjob
 from testcluster.operator_process import CreationCounter, OperatorProcess
@@ -123,6 +125,30 @@ def test_trainingjob_runs_to_success_with_service_jobs_env_and_times(
     for column in ("NAME", "PHASE", "READY", "RESTARTS", "AGE"):
         assert column in header, table
     assert "Succeeded" in table.splitlines()[1]
+
+
+def test_a_new_trainingjob_shows_pending_from_the_api_server_before_any_status_is_written(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The CRD's default status: the response to the create, a watch's event and `kubectl get` all say
+    Pending while nothing has written a status. The job is one another controller manages
+    (spec.managedBy), so the operator running beside it writes none."""
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    objects = client.CustomObjectsApi(api_client)
+    where = (constants.GROUP, constants.VERSION, namespace, constants.PLURAL)
+    try:
+        manifest = trainingjob("fresh", workers=2, managedBy="example.com/elsewhere")
+        created = objects.create_namespaced_custom_object(*where, manifest)
+        assert created["status"] == {"phase": "Pending"}
+        events = watch.Watch().stream(objects.list_namespaced_custom_object, *where, timeout_seconds=10)
+        event = next(events)
+        assert event["type"] == "ADDED" and event["object"]["status"] == {"phase": "Pending"}
+    finally:
+        api_client.close()
+    table = cluster.kubectl("-n", namespace, "get", "trainingjob", "fresh").splitlines()
+    assert table[1].split()[:2] == ["fresh", "Pending"], table
+    time.sleep(2)  # a pass of the operator's 2 s resync: it still writes nothing for another's job
+    assert _status(cluster, namespace, "fresh") == {"phase": "Pending"}
 
 
 def test_one_failed_worker_restarts_the_whole_group_exactly_once(

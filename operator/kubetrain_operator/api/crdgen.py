@@ -228,11 +228,15 @@ def openapi_schema() -> dict[str, Any]:
     spec.pop("$defs", None)
     status.pop("$defs", None)
     _strip_status_defaults(status)
+    status["default"] = dict(jobstatus.UNWRITTEN_STATUS)
     spec["description"] = (
         "spec is the desired training job: what to run (trainer or command), on how many workers, and "
         "the policies for restarts, deadlines, cleanup and suspension."
     )
-    status["description"] = "status is written by the operator only (status subresource)."
+    status["description"] = (
+        "status is written by the operator only (status subresource); until its first write the API "
+        "server shows phase Pending, the default."
+    )
     return _ordered(
         {
             "type": "object",
@@ -254,7 +258,8 @@ def openapi_schema() -> dict[str, Any]:
 
 
 def _strip_status_defaults(node: dict[str, Any]) -> None:
-    """Status is written by the operator; defaults there would make the API server invent values."""
+    """Status is written by the operator; a field's default would make the API server invent values.
+    The one default is the whole status's, UNWRITTEN_STATUS, set by `openapi_schema` after this."""
     node.pop("default", None)
     for child in node.get("properties", {}).values():
         _strip_status_defaults(child)

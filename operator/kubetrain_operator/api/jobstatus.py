@@ -16,6 +16,11 @@ from kubetrain_operator.api.scheduling import GangProvider
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL_PHASES = ("Succeeded", "Failed")
+UNWRITTEN_STATUS: dict[str, str] = {"phase": "Pending"}
+"""What the API server shows as the status of a TrainingJob whose status the operator has not written yet
+(the CRD schema's default, applied when the object is read, never stored): a job is Pending from the
+moment it is accepted, as a new Pod is, so `kubectl get` has a phase at once while the operator's first
+write may wait (`planning/status.write_wait`)."""
 ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "SpecRefused"]
 CONDITION_TYPES: tuple[str, ...] = (
     "Created",

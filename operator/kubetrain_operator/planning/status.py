@@ -178,18 +178,22 @@ class WriteWaits:
 
     Changes that wait accumulate in the next write: it goes out when the earliest of them has waited its
     time, or at once with a decision. A state the job leaves sooner is therefore never written on its own:
-    a group whose workers all run within `start` of the job's creation gets one write for its start, and
-    one that runs for less than `start` gets none for Running (its end says it). The Job controller
+    a group whose workers all run within `details` of the job's creation gets one write for its start
+    (`start` after they run), one that runs for less than `start` gets none for Running (its end says
+    it), and a job that waits for the scheduler shows Pending, the schema's default, until then. The Job
+    controller
     batches its pods' changes the same way (its sync batch period); JobSet was measured writing two
     status updates per JobSet, at its start and at its end (`benchmarks/peers.py`)."""
 
     start: float = 5.0
-    """Seconds for a new job's first status (Created and Pending, or a queued job's Suspended while Kueue,
-    which admits a job that fits at once, has said nothing yet), for the group moving between Pending and
-    Running, and for observedGeneration: how late `kubectl get` may show a job's start."""
+    """Seconds for a new job's first status (Running, or a queued job's Suspended while Kueue, which admits
+    a job that fits at once, has said nothing yet), for the group moving between Pending and Running, and
+    for observedGeneration: how late `kubectl get` may show a job's start."""
     details: float = 30.0
-    """Seconds for progress (epoch, loss) and for a condition's new message (what Kueue says of a queued
-    job): at most one write per this time for them."""
+    """Seconds for progress (epoch, loss), for a condition's new message (what Kueue says of a queued job),
+    and for a new job's first status while it only waits for its pods (Pending for no reason to act on:
+    `kubectl get` already shows Pending, the schema's default): at most one write per this time for
+    them."""
     counts: float | None = None
     """Seconds for worker counts (READY), messages and pending reasons that need no action
     (QUIET_PENDING_REASONS, or none); None: they are written only with another change. They move with
@@ -257,10 +261,14 @@ def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWait
     written. 0 for a decision or a finding (a restart, a terminal phase, a suspension, an admission, a
     refusal, an actionable pending reason, a failure record, elastic membership); `waits.start` for a new
     job's first status that decides nothing (`_plain_first_status`) and for the group's start (`_start`);
-    `waits.details` for progress and conditions' messages; `waits.counts` for the rest (COUNT_FIELDS).
+    `waits.details` for progress, conditions' messages and a first status that is Pending for no reason
+    to act on; `waits.counts` for the rest (COUNT_FIELDS).
     Call it only for a status that changed."""
     if not stored.get("phase"):
-        return waits.start if _plain_first_status(planned) else 0.0
+        if not _plain_first_status(planned):
+            return 0.0
+        quiet = planned.get("pendingReason") in (None, *QUIET_PENDING_REASONS)
+        return waits.details if planned.get("phase") == "Pending" and quiet else waits.start
     if _decisions(stored) != _decisions(planned):
         return 0.0
     if _start(stored) != _start(planned):

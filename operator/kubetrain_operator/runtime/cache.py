@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kubetrain_operator.api import constants
+from kubetrain_operator.api import constants, jobstatus
 from kubetrain_operator.planning import observe
 
 Key = tuple[str, str]
@@ -89,7 +89,9 @@ def owner_name(body: Mapping[str, Any]) -> str | None:
 
 
 def slim(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of an object the planner reads; the rest of it is shared with `body`, never copied."""
+    """The parts of an object the planner reads; the rest of it is shared with `body`, never copied. A
+    TrainingJob's status that is only the schema's default (UNWRITTEN_STATUS) is left out: to the planner
+    a status the operator never wrote is none."""
     kind = body.get("kind")
     meta = {key: value for key, value in (body.get("metadata") or {}).items() if key != "managedFields"}
     annotations = meta.get("annotations")
@@ -107,8 +109,8 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
             ]
     elif kind not in ("Job", "Service"):
         out["spec"] = spec
-    if "status" in body:
-        out["status"] = body.get("status")
+    if "status" in body and not (kind == constants.KIND and body["status"] == jobstatus.UNWRITTEN_STATUS):
+        out["status"] = body["status"]
     return out
 
 
