@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,19 @@ def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_
 
         message = wait_for(past_grace, "the wait to say a pod is past its grace period", 180, interval=2)
         assert "cut-ddp-r0-w" in message and "kubectl delete pod" in message, message
-        time.sleep(130)  # past the 120 s after which the old planner started the next group anyway
+        old_jobs = json.loads(
+            cluster.kubectl(
+                "-n", WORKLOAD_NAMESPACE, "get", "jobs", "-l", "kubetrain.io/job-name=cut-ddp", "-o", "json"
+            )
+        )["items"]
+        deletions = [
+            datetime.fromisoformat(stamp).timestamp()
+            for job in old_jobs
+            if (stamp := job["metadata"].get("deletionTimestamp"))
+        ]
+        assert deletions, "the old Jobs stay (Foreground deletion) while their pods do"
+        # Past the 120 s after the old Jobs' deletion at which the old planner started the next group anyway.
+        time.sleep(max(0.0, max(deletions) + 130 - time.time()))
         status = workload.status(cluster, "cut-ddp")
         assert status["pendingReason"] == "WaitingForOldWorkers", status
         jobs = cluster.kubectl(
