@@ -67,6 +67,18 @@ QUEUED = {
             WAITS.start,
             id="a new job pending for a reason to act on waits only for its start",
         ),
+        pytest.param(
+            {},
+            {**PENDING, "gangProvider": "volcano"},
+            WAITS.start,
+            id="a new gang job: the provider it is given is recorded after its start wait",
+        ),
+        pytest.param(
+            {},
+            {**PENDING, "elastic": {"members": [0, 1], "worldSize": 0}},
+            WAITS.start,
+            id="a new elastic job: its membership too",
+        ),
         pytest.param({}, RUNNING, WAITS.start, id="a new job already running: its start too"),
         pytest.param({}, QUEUED, WAITS.start, id="a new queued job waits for Kueue's word"),
         pytest.param(

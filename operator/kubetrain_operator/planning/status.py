@@ -40,6 +40,10 @@ START_CONDITIONS = ("Created", "Running")
 """Conditions that follow the group's start, as observed (see OBSERVED_PHASES)."""
 START_FIELDS = ("startTime", "observedGeneration")
 """Fields that change with the group's start (or a spec edit) and wait `WriteWaits.start`."""
+RECORDED_AT_START = ("gangProvider", "elastic")
+"""Fields a first status records that later passes plan from (the provider kept for the job's life, an
+elastic group's membership and store generation): such a first status waits `WriteWaits.start`, never
+the longer wait of one that only says Pending."""
 COUNT_FIELDS = ("workers", "workersReady", "message", "pendingMessage")
 """Fields that move with every pod's step and wait `WriteWaits.counts` (with a quiet pending reason)."""
 PHASE_CONDITION = {
@@ -268,7 +272,8 @@ def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWait
         if not _plain_first_status(planned):
             return 0.0
         quiet = planned.get("pendingReason") in (None, *QUIET_PENDING_REASONS)
-        return waits.details if planned.get("phase") == "Pending" and quiet else waits.start
+        records = any(planned.get(field) for field in RECORDED_AT_START)
+        return waits.details if planned.get("phase") == "Pending" and quiet and not records else waits.start
     if _decisions(stored) != _decisions(planned):
         return 0.0
     if _start(stored) != _start(planned):
