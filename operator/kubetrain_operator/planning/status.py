@@ -185,9 +185,8 @@ class WriteWaits:
     a group whose workers all run within `details` of the job's creation gets one write for its start
     (`start` after they run), one that runs for less than `start` gets none for Running (its end says
     it), and a job that waits for the scheduler shows Pending, the schema's default, until then. The Job
-    controller
-    batches its pods' changes the same way (its sync batch period); JobSet was measured writing two
-    status updates per JobSet, at its start and at its end (`benchmarks/peers.py`)."""
+    controller batches its pods' changes the same way (its sync batch period); JobSet was measured
+    writing two status updates per JobSet, at its start and at its end (`benchmarks/peers.py`)."""
 
     start: float = 5.0
     """Seconds for a new job's first status (Running, or a queued job's Suspended while Kueue, which admits
@@ -260,20 +259,28 @@ def _plain_first_status(planned: dict[str, Any]) -> bool:
     )
 
 
+def _only_pending(planned: dict[str, Any]) -> bool:
+    """Whether a job's first status says no more than `kubectl get` already shows (Pending, the schema's
+    default): Pending for no reason to act on, and nothing later passes plan from (RECORDED_AT_START)."""
+    return (
+        planned.get("phase") == "Pending"
+        and planned.get("pendingReason") in (None, *QUIET_PENDING_REASONS)
+        and not any(planned.get(field) for field in RECORDED_AT_START)
+    )
+
+
 def write_wait(stored: dict[str, Any], planned: dict[str, Any], waits: WriteWaits) -> float | None:
     """How long writing `planned` over `stored` may wait, in seconds; None: until another change is
     written. 0 for a decision or a finding (a restart, a terminal phase, a suspension, an admission, a
     refusal, an actionable pending reason, a failure record, elastic membership); `waits.start` for a new
     job's first status that decides nothing (`_plain_first_status`) and for the group's start (`_start`);
-    `waits.details` for progress, conditions' messages and a first status that is Pending for no reason
-    to act on; `waits.counts` for the rest (COUNT_FIELDS).
+    `waits.details` for progress, conditions' messages and a first status that only says Pending
+    (`_only_pending`); `waits.counts` for the rest (COUNT_FIELDS).
     Call it only for a status that changed."""
     if not stored.get("phase"):
         if not _plain_first_status(planned):
             return 0.0
-        quiet = planned.get("pendingReason") in (None, *QUIET_PENDING_REASONS)
-        records = any(planned.get(field) for field in RECORDED_AT_START)
-        return waits.details if planned.get("phase") == "Pending" and quiet and not records else waits.start
+        return waits.details if _only_pending(planned) else waits.start
     if _decisions(stored) != _decisions(planned):
         return 0.0
     if _start(stored) != _start(planned):
