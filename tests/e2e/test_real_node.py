@@ -13,11 +13,11 @@ import os
 import re
 import signal
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 from kubetrain_operator.api import constants
+from kubetrain_operator.planning import observe
 from testcluster import quickstart, workload
 from testcluster.cluster import Cluster
 from testcluster.node import Node
@@ -266,9 +266,9 @@ def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_
             )
         )["items"]
         deletions = [
-            datetime.fromisoformat(stamp).timestamp()
+            deleted.timestamp()
             for job in old_jobs
-            if (stamp := job["metadata"].get("deletionTimestamp"))
+            if (deleted := observe.parse_time(job["metadata"].get("deletionTimestamp")))
         ]
         assert deletions, "the old Jobs stay (Foreground deletion) while their pods do"
         # Past the 120 s after the old Jobs' deletion at which the old planner started the next group anyway.
