@@ -2,8 +2,9 @@
 flips, resumed from a mid-epoch checkpoint, ends with bit-identical weights to one never interrupted.
 
 What only this recipe adds to a resume: the whitening filters fitted at start-up (restored from the
-checkpoint, not refitted), the lookahead average (checkpointed; its decay recomputed from the step) and
-the alternating flips (a pure function of seed, epoch and image). One process, one thread, CPU.
+checkpoint, not refitted), the lookahead average (checkpointed; its decay recomputed from the step), the
+alternating flips (a pure function of seed, epoch and image) and muon's filter groups, whose momentum and
+learning-rate scale must come back with the right parameters. One process, one thread, CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _config(output: Path) -> dict[str, Any]:
         "keep_checkpoints": 10,
         "data": {"dataset": "fake", "fake_size": 96, "validation_fraction": 0.25},
         "optimizer": {
+            "name": "muon",
             "lr": 0.2,
             "nesterov": True,
             "schedule": "onecycle",

@@ -20,6 +20,11 @@ default) the views the model's training run validated with (`eval_flip_tta`, `ev
 others a fixed choice whatever the run used."""
 
 
+MODELS_WITH_NORMALIZED_FILTERS = ("whitened_cnn", "resnet_small", "resnet18")
+"""Models whose every trainable convolution feeds batch norm, so the scale of its filters does not matter:
+what the muon optimizer, which fixes that scale, needs."""
+
+
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo in a manifest must not silently fall back to a default."""
 
@@ -96,12 +101,28 @@ class DataConfig(_Strict):
 class OptimizerConfig(_Strict):
     """Optimiser and learning-rate schedule."""
 
-    name: Literal["sgd", "adamw"] = Field(
-        "sgd", description="name is the optimiser: sgd or adamw. Default sgd."
+    name: Literal["sgd", "adamw", "muon"] = Field(
+        "sgd",
+        description=(
+            "name is the optimiser: sgd, adamw or muon. muon trains convolution filters with Muon (the "
+            "momentum orthogonalized by Newton-Schulz iteration, each filter bank kept at a fixed norm) "
+            "at filter_lr, and every other parameter with sgd at lr; it needs a model whose convolutions "
+            "all feed batch norm (whitened_cnn, resnet_small, resnet18). Default sgd."
+        ),
     )
     lr: float = Field(0.01, gt=0, description="lr is the peak learning rate. Default 0.01.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="momentum for sgd. Default 0.9.")
-    nesterov: bool = Field(False, description="nesterov enables Nesterov momentum for sgd. Default false.")
+    filter_lr: float = Field(
+        0.1,
+        gt=0,
+        description=(
+            "filter_lr is muon's peak learning rate for convolution filters, following the same schedule "
+            "as lr: the share of a filter bank's norm one step moves it. Default 0.1."
+        ),
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum for sgd and muon. Default 0.9.")
+    nesterov: bool = Field(
+        False, description="nesterov enables Nesterov momentum for sgd and muon. Default false."
+    )
     weight_decay: float = Field(0.0, ge=0, description="weight_decay is the L2 penalty. Default 0.")
     schedule: Literal["constant", "onecycle", "cosine"] = Field(
         "constant",
@@ -310,6 +331,16 @@ class TrainerConfig(_Strict):
             raise ValueError(
                 "model simple_cnn needs data.image_size 32 (its fc1 takes 64x6x6=2304 inputs), "
                 f"got {self.data.image_size}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_muon_filters_feed_batch_norm(self) -> TrainerConfig:
+        if self.optimizer.name == "muon" and self.model not in MODELS_WITH_NORMALIZED_FILTERS:
+            raise ValueError(
+                f"optimizer.name muon needs a model whose convolutions all feed batch norm "
+                f"({', '.join(MODELS_WITH_NORMALIZED_FILTERS)}): it fixes each filter bank's norm, which "
+                f"changes what model {self.model} computes"
             )
         return self
 

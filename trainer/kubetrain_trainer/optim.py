@@ -13,17 +13,32 @@ import torch
 from torch import nn
 
 from kubetrain_trainer.config import OptimizerConfig
+from kubetrain_trainer.muon import Muon
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
-    """SGD or AdamW; batch-norm and bias parameters get no weight decay (decaying them only hurts)."""
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim > 1 else no_decay).append(param)
+    """SGD, AdamW or Muon; batch-norm and bias parameters get no weight decay (decaying them only hurts).
+
+    Muon takes the convolution filters at `filter_lr` (a group whose `lr_scale` is filter_lr / lr, so
+    one schedule drives both) and SGD the rest.
+    """
+    trained = [param for param in model.parameters() if param.requires_grad]
+    vectors = [param for param in trained if param.ndim <= 1]
+    if config.name == "muon":
+        filters = [param for param in trained if param.ndim == 4]
+        matrices = [param for param in trained if param.ndim > 1 and param.ndim != 4]
+        return Muon(
+            [
+                {"params": filters, "orthogonal": True, "lr_scale": config.filter_lr / config.lr},
+                {"params": matrices, "weight_decay": config.weight_decay},
+                {"params": vectors},
+            ],
+            momentum=config.momentum,
+            nesterov=config.nesterov,
+        )
     groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [param for param in trained if param.ndim > 1], "weight_decay": config.weight_decay},
+        {"params": vectors, "weight_decay": 0.0},
     ]
     if config.name == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr)
@@ -77,8 +92,9 @@ def lr_factor(config: OptimizerConfig, step: int, total_steps: int, steps_per_ep
 
 
 def set_lr(optimizer: torch.optim.Optimizer, peak_lr: float, factor: float) -> float:
-    """Apply the scheduled rate to every parameter group and return it (for logging)."""
+    """Apply the scheduled rate to every parameter group (times its `lr_scale`, where Muon sets one) and
+    return it (for logging)."""
     lr = peak_lr * factor
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     return lr
