@@ -23,7 +23,9 @@ MUON = OptimizerConfig(name="muon", lr=0.2, filter_lr=0.05, momentum=0.9, nester
     [(32, 216, 1.0), (216, 32, 1.0), (64, 576, 1e2), (10, 10, 1e2)],
     ids=["wide", "tall", "wide-ill-conditioned", "square"],
 )
-def test_orthogonalize_brings_every_singular_value_near_one(rows: int, columns: int, condition: float) -> None:
+def test_orthogonalize_brings_every_singular_value_near_one(
+    rows: int, columns: int, condition: float
+) -> None:
     generator = torch.Generator().manual_seed(0)
     left, _ = torch.linalg.qr(torch.randn(rows, rows, generator=generator))
     right, _ = torch.linalg.qr(torch.randn(columns, columns, generator=generator))
@@ -81,9 +83,11 @@ def test_muon_trains_every_other_parameter_exactly_as_torch_sgd() -> None:
             nn.functional.cross_entropy(model(images), labels).backward()
             optimizer.step()
         with torch.no_grad():
-            for target, source in zip(frozen_filters, (p for p in muon_model.parameters() if p.ndim == 4)):
+            for target, source in zip(
+                frozen_filters, (p for p in muon_model.parameters() if p.ndim == 4), strict=True
+            ):
                 target.copy_(source)
-    for (name, ours), theirs in zip(muon_model.named_parameters(), sgd_model.parameters()):
+    for (name, ours), theirs in zip(muon_model.named_parameters(), sgd_model.parameters(), strict=True):
         if ours.ndim != 4:
             torch.testing.assert_close(ours, theirs, msg=name)
 
@@ -105,11 +109,11 @@ def test_a_muon_run_resumed_from_its_state_dict_continues_bit_identically() -> N
     resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     _train_steps(model, optimizer, steps=3, seed=9)
     _train_steps(resumed_model, resumed, steps=3, seed=9)
-    for ours, theirs in zip(model.state_dict().values(), resumed_model.state_dict().values()):
+    for ours, theirs in zip(model.state_dict().values(), resumed_model.state_dict().values(), strict=True):
         assert torch.equal(ours, theirs)
 
 
 def test_muon_refuses_a_model_whose_convolutions_do_not_all_feed_batch_norm() -> None:
-    with pytest.raises(ValidationError, match="optimizer.name muon needs a model .*simple_cnn"):
+    with pytest.raises(ValidationError, match=r"optimizer.name muon needs a model .*simple_cnn"):
         TrainerConfig(model="simple_cnn", optimizer={"name": "muon"})
     TrainerConfig(model="resnet_small", optimizer={"name": "muon"})
