@@ -127,7 +127,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_family_model": f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
         "cpu_flags": {name: name in flags for name in CPU_FEATURES},
         "amx": {"amx_tile", "amx_bf16"} <= flags,
-        "torch_sees_amx": precision.cpu_has_amx(),
+        "torch_bf16_units": precision.cpu_bf16_units(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -1,7 +1,7 @@
 """`precision`: which type the forward pass runs in, and a bf16 run on CPU that learns and predicts.
 
-bf16 is the fast recipe's setting on CPUs with AMX; where a CPU has no bf16 units it is emulated, slower
-but the same arithmetic, so these tests hold on any CPU.
+bf16 is the fast recipe's setting on CPUs with AMX or AVX512-BF16; where a CPU has no bf16 units it is
+emulated, slower but the same arithmetic, so these tests hold on any CPU.
 """
 
 from __future__ import annotations
@@ -57,6 +57,19 @@ def test_auto_keeps_fp32_on_gpus_that_only_emulate_bf16(
     assert precision.compute_dtype("auto", torch.device("cuda"), capability=capability) == expected, gpu
     # Asked for explicitly, bf16 is what the config says, emulated or not.
     assert precision.compute_dtype("bf16", torch.device("cuda"), capability=capability) == torch.bfloat16
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "expected"),
+    [(True, True, "AMX"), (False, True, "AVX512-BF16"), (True, False, "AMX"), (False, False, None)],
+)
+def test_the_cpu_bf16_units_named_are_the_best_the_cpu_has(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, avx512_bf16: bool, expected: str | None
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    assert precision.cpu_bf16_units() == expected
 
 
 @pytest.mark.unit

@@ -236,8 +236,9 @@ class TrainerConfig(_Strict):
             "precision is the type convolutions and matrix products run in: bf16 autocast (batch-norm "
             "statistics, loss and optimiser stay fp32) or fp32. auto is bf16 on a GPU with bf16 units "
             "(compute capability 8.0 and later: A100, H100) and fp32 on older GPUs (V100, T4) and on CPU. "
-            "Set bf16 on CPUs with AMX (Intel Sapphire Rapids and later): 2-3x faster training there; "
-            "on CPUs without it bf16 is slower than fp32. Default auto."
+            "Set bf16 on CPUs with AMX (Intel Sapphire Rapids and later: 2-3x faster training) or "
+            "AVX512-BF16 (AMD Zen 4 and later: 1.6-1.7x); on CPUs with neither bf16 is slower than fp32. "
+            "Default auto."
         ),
     )
     compile: bool = Field(False, description="compile wraps the model in torch.compile. Default false.")

@@ -50,8 +50,9 @@ def prepare(config: TrainerConfig, world: WorldEnv) -> tuple[torch.device, torch
             log.info(
                 "%d intra-op threads per process (cpu_threads %s)", threads, config.cpu_threads or "auto"
             )
-        if dtype == torch.float32 and precision.cpu_has_amx() and world.is_main:
-            log.info("this CPU has AMX: precision bf16 would train convolutions 2-3x faster than fp32")
+        units = precision.cpu_bf16_units() if dtype == torch.float32 and world.is_main else None
+        if units:
+            log.info("this CPU has %s: precision bf16 would train convolutions faster than fp32", units)
     else:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
