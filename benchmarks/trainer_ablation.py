@@ -49,7 +49,10 @@ FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "recipe": ("the recipe as in examples/cifar10-fast.yaml", {}),
     "resnet_small": ("model resnet_small instead of whitened_cnn", {"model": "resnet_small"}),
     "no_lookahead": ("no lookahead averaging of the weights", {"optimizer": {"lookahead": False}}),
-    "sgd": ("Nesterov SGD at lr 0.3 on the filters too, instead of muon", {"optimizer": {"name": "sgd"}}),
+    "muon": (
+        "muon on the convolution filters at filter_lr 0.1 instead of SGD",
+        {"optimizer": {"name": "muon", "filter_lr": 0.1}},
+    ),
     "random_flip": ("flips drawn at random instead of alternating", {"flip": "random"}),
     "padding_4": ("crops shifted up to 4 pixels instead of 2", {"crop_padding": 4}),
     "no_augment": ("no crops or flips", {"augment": False}),
