@@ -237,7 +237,7 @@ class TrainerConfig(_Strict):
             "statistics, loss and optimiser stay fp32) or fp32. auto is bf16 on a GPU with bf16 units "
             "(compute capability 8.0 and later: A100, H100) and fp32 on older GPUs (V100, T4) and on CPU. "
             "Set bf16 on CPUs with AMX (Intel Sapphire Rapids and later: 2-3x faster training) or "
-            "AVX512-BF16 (AMD Zen 4 and later: 1.6-1.7x); on CPUs with neither bf16 is slower than fp32. "
+            "AVX512-BF16 (AMD Zen 4 and later: 1.5x); on CPUs with neither bf16 is slower than fp32. "
             "Default auto."
         ),
     )

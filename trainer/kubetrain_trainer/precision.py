@@ -3,7 +3,8 @@
 bf16 autocast halves the bytes each convolution moves and runs on the bf16 units of GPUs and of CPUs
 with AMX (Intel Sapphire Rapids and later), where whitened_cnn trains 2-3x faster than in fp32 on two
 cores (the fast CPU recipe in this package's README), or with AVX512-BF16 (AMD Zen 4 and later), where it
-trains 1.6-1.7x faster (2,000-2,130 against 1,240 img/s at width 32 on two Zen 4 cores). Batch-norm
+trains 1.55x faster (1,939 against 1,252 img/s at width 32 on two Zen 4 cores, the budget runs of
+`benchmarks/results/trainer-speed-recipe-seed-report-zen4-*-muon.md`). Batch-norm
 statistics, the loss and the optimiser stay fp32 under autocast, so no loss scaling is needed. On CPUs
 with neither, bf16 is emulated and slower than fp32; `auto` keeps every CPU in fp32 (runs stay
 bit-for-bit what they were) and only names the faster choice in the log where the CPU has the units.
