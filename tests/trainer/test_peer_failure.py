@@ -11,6 +11,8 @@ watch's thread, which must not outlive the group in the store's wait.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -70,3 +72,28 @@ def test_leaving_the_group_ends_the_watch_thread_instead_of_leaving_it_blocked_i
     time.sleep(0.5)  # the thread is in its wait
     watch.stop()
     assert "peer-failure-watch" not in [thread.name for thread in threading.enumerate()]
+
+
+QUIET_WATCH = """
+import time
+from datetime import timedelta
+import torch.distributed as dist
+from kubetrain_trainer.peer_failure import PeerFailureWatch
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+watch = PeerFailureWatch(0, 1, store)
+time.sleep(float(__import__("sys").argv[1]))
+watch.stop()
+print("STOPPED", flush=True)
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_watch_that_sees_no_failure_keeps_the_ranks_log_free_of_store_timeouts() -> None:
+    # c10d prints two warnings ("waitForInput ... timed out") each time a store wait runs out; with a
+    # 30 s wait, every rank of every run logged them twice a minute. 35 s outlasts that old wait.
+    watched = subprocess.run(
+        [sys.executable, "-c", QUIET_WATCH, "35"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert watched.returncode == 0 and "STOPPED" in watched.stdout, watched.stderr[-3000:]
+    assert "waitForInput" not in watched.stderr and "timed out" not in watched.stderr, watched.stderr[-3000:]

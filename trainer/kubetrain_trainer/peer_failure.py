@@ -49,8 +49,11 @@ group (and under torchrun to one restart of the workers), so an earlier group's 
 WAKE_KEY_PREFIX = "kubetrain/wake/"
 """Rank R's watch waits on `kubetrain/wake/R`, set by an announcement (for every rank) or by R leaving."""
 
-WAIT_SECONDS = 30.0
-"""How long one blocking wait lasts before the watch waits again (a bound in case a wake is lost)."""
+WAIT_SECONDS = 3600.0
+"""How long one blocking wait lasts before the watch waits again. A wake is never lost (a key set before
+the wait begins ends it at once), so this bound is only a backstop, and a long one: every wait that runs
+out makes c10d print two warnings ("waitForInput ... timed out"), which at 30 s filled every rank's log
+twice a minute."""
 
 JOIN_SECONDS = 5.0
 """How long leaving the group waits for the woken thread (a store that is gone has ended it already)."""
