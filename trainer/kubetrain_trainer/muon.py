@@ -4,8 +4,8 @@ Plain SGD moves a filter bank mostly along the few directions its gradient is la
 each bank's (Nesterov) momentum, viewed as an out_channels x (in_channels * k * k) matrix, by the nearest
 semi-orthogonal matrix (every singular value 1): the step is equally large in every direction the
 gradient spans, so rarely excited filters learn as fast as the dominant ones. On the fast CPU recipe it
-bought 2.4 points after 4 epochs for 14 % more time, and nothing after 11
-(`benchmarks/results/trainer-recipe-ablation-muon-*-bf16.md`): a choice for short runs.
+bought 2.4 points after 4 epochs for 14 % more time, and nothing beyond noise after 7.4 or 11
+(`benchmarks/results/trainer-recipe-ablation-muon-*.md`): a choice for short runs.
 
 Each bank feeds a batch norm, so its scale does not change what the network computes; only its direction
 does. The bank is rescaled to a fixed Frobenius norm (sqrt(out_channels), that of an orthogonal update)
