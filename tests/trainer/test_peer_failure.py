@@ -75,13 +75,14 @@ def test_leaving_the_group_ends_the_watch_thread_instead_of_leaving_it_blocked_i
 
 
 QUIET_WATCH = """
+import sys
 import time
 from datetime import timedelta
 import torch.distributed as dist
 from kubetrain_trainer.peer_failure import PeerFailureWatch
 store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
 watch = PeerFailureWatch(0, 1, store)
-time.sleep(float(__import__("sys").argv[1]))
+time.sleep(float(sys.argv[1]))
 watch.stop()
 print("STOPPED", flush=True)
 """
