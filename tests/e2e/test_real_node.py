@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from kubetrain_operator.api import constants
 from kubetrain_operator.planning import observe
+from kubetrain_trainer.checkpoints import parse_name
 from testcluster import quickstart, workload
 from testcluster.cluster import Cluster
 from testcluster.node import Node
@@ -28,6 +29,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 RELEASE_NAMESPACE = quickstart.RELEASE_NAMESPACE
 WORKLOAD_NAMESPACE = workload.NAMESPACE
 TRAINER_UID = quickstart.TRAINER_UID
+
+INTERRUPTED_EPOCHS = 16
+"""The length of a run a test interrupts just after its attempt's first checkpoint: long enough that the
+interruption lands mid-training on a loaded machine. An epoch of the sample takes 1.4 s on 2 cores, and
+with 6 epochs a resumed attempt once finished within the seconds a machine busy with background builds
+took to notice it (the eviction then met a finished pod, and the job succeeded with one disruption, not
+two)."""
 
 
 def test_operator_pod_from_the_built_image_is_ready_live_and_serves_metrics(installed: Cluster) -> None:
@@ -99,23 +107,19 @@ def test_two_workers_find_each_other_by_dns_train_and_leave_artifacts(
 
 
 def _wait_mid_training(cluster: Cluster, name: str, output: Path, attempt: int = 0) -> None:
-    """Until the job runs attempt `attempt` and has a checkpoint to resume from."""
+    """Until attempt `attempt` has written a checkpoint of its own: its workers are training (the status's
+    phase may lag behind), and a restart of it has a checkpoint to resume from."""
     checkpoints = output / name / "checkpoints"
 
     def mid_training() -> bool:
-        status = workload.status(cluster, name)
-        return (
-            status.get("phase") == "Running"
-            and status.get("restartAttempt") == attempt
-            and checkpoints.is_dir()
-            and any(checkpoints.iterdir())
-        )
+        keys = [parse_name(path.name) for path in checkpoints.glob("*.pt")] if checkpoints.is_dir() else []
+        return any(key is not None and key.attempt == attempt for key in keys)
 
     wait_for(
         mid_training,
-        f"{name} running attempt {attempt} with a checkpoint",
+        f"{name} running attempt {attempt} with a checkpoint of its own",
         600,
-        interval=1,
+        interval=0.5,
         explain=lambda: workload.story(cluster, name),
     )
 
@@ -125,7 +129,7 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
     real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
     cluster, node = real_cluster
-    cluster.apply(workload.trainingjob("kill-ddp", epochs=6))
+    cluster.apply(workload.trainingjob("kill-ddp", epochs=INTERRUPTED_EPOCHS))
     _wait_mid_training(cluster, "kill-ddp", volumes["output"])
     os.kill(
         node.container_pid(WORKLOAD_NAMESPACE, workload.pod_of(cluster, "kill-ddp-r0-w1"), "worker"),
@@ -141,7 +145,9 @@ def test_a_killed_worker_restarts_the_group_once_and_it_resumes_from_the_checkpo
     # The trainer's line when it loads a checkpoint (components/resume.py); its "not resuming from
     # checkpoint ...; starting fresh" line, a fresh start, must not pass.
     log = cluster.kubectl("-n", WORKLOAD_NAMESPACE, "logs", "job/kill-ddp-r1-w0")
-    assert re.search(r"resumed from checkpoint \S+ in restart attempt 1: epoch \d+ of 6", log), log[-3000:]
+    assert re.search(
+        rf"resumed from checkpoint \S+ in restart attempt 1: epoch \d+ of {INTERRUPTED_EPOCHS}", log
+    ), log[-3000:]
     assert status["progress"]["resumedFrom"]["attempt"] == 1, status
     events = cluster.kubectl(
         "-n", WORKLOAD_NAMESPACE, "get", "events", "--field-selector", "involvedObject.name=kill-ddp"
@@ -170,7 +176,7 @@ def test_drained_workers_restart_the_group_without_spending_a_restart(
     """maxRestarts 0: before, the first eviction failed the job (BackoffLimitExceeded counted as a
     crash). Two evictions, each in a different attempt, must cost no restart and the run must finish."""
     cluster = installed
-    manifest = workload.trainingjob("drain-ddp", epochs=6)
+    manifest = workload.trainingjob("drain-ddp", epochs=INTERRUPTED_EPOCHS)
     manifest["spec"]["runPolicy"] = {"maxRestarts": 0}
     cluster.apply(manifest)
     for attempt in (0, 1):
@@ -200,7 +206,7 @@ def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restar
     thread with it); worker 0 then waits in its all-reduce for ever, as in a hung collective. No exit code
     ever comes: only failurePolicy.progressDeadlineSeconds ends the wait."""
     cluster, node = real_cluster
-    manifest = workload.trainingjob("hang-ddp", epochs=6)
+    manifest = workload.trainingjob("hang-ddp", epochs=INTERRUPTED_EPOCHS)
     manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 60}
     cluster.apply(manifest)
     _wait_mid_training(cluster, "hang-ddp", volumes["output"])
@@ -227,7 +233,7 @@ def test_a_frozen_worker_is_caught_by_the_progress_deadline_and_the_group_restar
 
 @pytest.mark.trains
 def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_starts_once_they_go(
-    real_cluster: tuple[Cluster, Node], installed: Cluster
+    real_cluster: tuple[Cluster, Node], installed: Cluster, volumes: dict[str, Path]
 ) -> None:
     """The kubelet is stopped (SIGSTOP: the node goes silent, its containers keep running, as on a node
     cut off from the API server). The suspended group's pods stay Terminating past their grace period;
@@ -235,8 +241,10 @@ def test_a_resumed_group_waits_for_old_pods_on_a_node_whose_kubelet_stopped_and_
     operator gave up waiting 120 s after the old Jobs' deletion). Once the kubelet is back the pods go
     and the new attempt starts."""
     cluster, node = real_cluster
-    cluster.apply(workload.trainingjob("cut-ddp", epochs=6))
-    workload.wait_phase(cluster, "cut-ddp", "Running", 600)
+    cluster.apply(workload.trainingjob("cut-ddp", epochs=INTERRUPTED_EPOCHS))
+    # Mid-training, not merely Running: pods the kubelet reported finished before it stopped would be
+    # deleted at once, and nothing would be left to wait for.
+    _wait_mid_training(cluster, "cut-ddp", volumes["output"])
     suspend = '{"spec":{"runPolicy":{"suspend":%s}}}'
     kubelet = node.pids["kubelet"]
     os.killpg(kubelet, signal.SIGSTOP)

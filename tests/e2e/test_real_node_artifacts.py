@@ -86,7 +86,8 @@ def test_an_unfinished_job_is_refused_unless_asked_and_no_failure_or_ctrl_c_leav
     installed: Cluster, volumes: dict[str, Path], tmp_path: Path
 ) -> None:
     cluster = installed
-    cluster.apply(workload.trainingjob("art-running", epochs=8, workers=1))
+    # Long enough to still run through every step below; the test deletes it at the end.
+    cluster.apply(workload.trainingjob("art-running", epochs=60, workers=1))
     checkpoints = volumes["output"] / "art-running" / "checkpoints"
 
     def running_with_a_checkpoint() -> bool:
