@@ -57,6 +57,8 @@ FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "muon on the convolution filters at filter_lr 0.05 (0.1 was tuned at 4 epochs)",
         {"optimizer": {"name": "muon", "filter_lr": 0.05}},
     ),
+    "seed_1": ("seed 1 instead of 0: how far another seed moves the same recipe", {"seed": 1}),
+    "seed_2": ("seed 2 instead of 0", {"seed": 2}),
     "random_flip": ("flips drawn at random instead of alternating", {"flip": "random"}),
     "padding_4": ("crops shifted up to 4 pixels instead of 2", {"crop_padding": 4}),
     "no_augment": ("no crops or flips", {"augment": False}),
