@@ -35,7 +35,7 @@ from kubetrain_trainer.config import TrainerConfig
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))  # benchmarks/ is not a package
-from trainer_speed import machine_info
+from trainer_speed import RECIPE_FILE, RESULTS, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_STEPS = 3
@@ -92,15 +92,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--recipe", type=Path, default=ROOT / "examples" / "cifar10-fast.yaml")
+    parser.add_argument("--recipe", type=Path, default=RECIPE_FILE)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=2, help="eager-then-compiled pairs")
     parser.add_argument("--tag", default="budget")
-    parser.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     config = recipe_config(args.recipe)
-    torch.set_num_threads(config.cpu_threads or 2)
+    torch.set_num_threads(config.cpu_threads)
     machine = machine_info()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
