@@ -59,6 +59,12 @@ FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "seed_1": ("seed 1 instead of 0: how far another seed moves the same recipe", {"seed": 1}),
     "seed_2": ("seed 2 instead of 0", {"seed": 2}),
+    "identity_init": (
+        "convolutions started as the identity on their input channels (identity_init)",
+        {"identity_init": True},
+    ),
+    "identity_init_seed_1": ("identity_init, seed 1", {"identity_init": True, "seed": 1}),
+    "identity_init_seed_2": ("identity_init, seed 2", {"identity_init": True, "seed": 2}),
     "random_flip": ("flips drawn at random instead of alternating", {"flip": "random"}),
     "padding_4": ("crops shifted up to 4 pixels instead of 2", {"crop_padding": 4}),
     "no_augment": ("no crops or flips", {"augment": False}),
@@ -85,6 +91,10 @@ SPRINT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "batch_256": ("batch 256 at lr 0.3 instead of 128 at 0.2", {"batch_size": 256, "optimizer": {"lr": 0.3}}),
     "width_24": ("width 24 instead of 16", {"width": 24}),
+    "identity_init": (
+        "convolutions started as the identity on their input channels (identity_init)",
+        {"identity_init": True},
+    ),
     "no_tta": (
         "validation without any test-time views",
         {"eval_translate_tta": False, "eval_flip_tta": False},

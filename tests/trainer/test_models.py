@@ -1,11 +1,13 @@
-"""Model shapes (the fixed SimpleCNN takes 2304 features into fc1; every model maps 32x32 to logits) and
-the whitened network's data-fitted first layer."""
+"""Model shapes (the fixed SimpleCNN takes 2304 features into fc1; every model maps 32x32 to logits),
+the whitened network's data-fitted first layer and its identity initialisation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from kubetrain_trainer import models
+from kubetrain_trainer.config import TrainerConfig
+from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
 
@@ -73,3 +75,30 @@ def test_global_max_takes_each_channels_maximum_and_routes_its_gradient_to_one_p
     assert x.grad is not None
     assert x.grad.sum() == 1.0 and int((x.grad != 0).sum()) == 1
     assert x.grad[0, 1, 2, 3] + x.grad[0, 1, 0, 0] == 1.0
+
+
+def test_identity_init_passes_each_input_channel_through_its_filter_and_leaves_the_others_random() -> None:
+    torch.manual_seed(3)
+    plain = models.WhitenedCNN(num_classes=10, width=8)
+    torch.manual_seed(3)
+    identity = models.WhitenedCNN(num_classes=10, width=8, identity=True)
+    plain_params = dict(plain.named_parameters())
+    for name, conv in identity.named_modules():
+        if not (isinstance(conv, torch.nn.Conv2d) and name.startswith("groups.")):
+            continue
+        passed = min(conv.in_channels, conv.out_channels)  # the first group narrows 24 whitened channels to 8
+        x = torch.randn(2, conv.in_channels, 5, 5)
+        with torch.no_grad():
+            assert torch.allclose(conv(x)[:, :passed], x[:, :passed], atol=1e-6), name
+        # The other filters are the plain model's: dirac_ draws no random numbers, so nothing shifted.
+        assert torch.equal(conv.weight[passed:], plain_params[f"{name}.weight"][passed:]), name
+    for name, param in identity.named_parameters():
+        if not name.startswith("groups.") or "conv" not in name:
+            assert torch.equal(param, plain_params[name]), name
+
+
+def test_identity_init_is_refused_for_a_model_it_does_not_shape() -> None:
+    with pytest.raises(
+        ValidationError, match=r"identity_init needs model whitened_cnn, got model resnet_small"
+    ):
+        TrainerConfig(model="resnet_small", identity_init=True)

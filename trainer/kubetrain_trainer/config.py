@@ -170,6 +170,15 @@ class TrainerConfig(_Strict):
             "use 2x and 4x); other models ignore it. Default 32."
         ),
     )
+    identity_init: bool = Field(
+        False,
+        description=(
+            "identity_init starts each of whitened_cnn's 3x3 convolutions with its first filters passing "
+            "their input channels through unchanged (the rest keep their random initialisation), as the "
+            "CIFAR-10 speed runs do: the untrained network already carries the whitened image to its "
+            "head. Only for model whitened_cnn. Default false."
+        ),
+    )
     epochs: float = Field(
         10,
         gt=0,
@@ -340,6 +349,12 @@ class TrainerConfig(_Strict):
                 "model simple_cnn needs data.image_size 32 (its fc1 takes 64x6x6=2304 inputs), "
                 f"got {self.data.image_size}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_identity_init_has_its_model(self) -> TrainerConfig:
+        if self.identity_init and self.model != "whitened_cnn":
+            raise ValueError(f"identity_init needs model whitened_cnn, got model {self.model}")
         return self
 
     @model_validator(mode="after")

@@ -93,7 +93,7 @@ def initial_state(config: TrainerConfig, data: TrainingData, device: torch.devic
     A whitened model's filters are fitted here even when a checkpoint will replace them: the fit is
     deterministic and cheap, and the model is whole whether or not a checkpoint exists.
     """
-    model = models.build(config.model, len(data.classes), config.width)
+    model = models.build(config.model, len(data.classes), config.width, config.identity_init)
     if isinstance(model, models.WhitenedCNN):
         model.fit_whitening(data.whitening_sample())
     model.to(device).to(memory_format=torch.channels_last)
