@@ -59,12 +59,12 @@ FAST_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "seed_1": ("seed 1 instead of 0: how far another seed moves the same recipe", {"seed": 1}),
     "seed_2": ("seed 2 instead of 0", {"seed": 2}),
-    "identity_init": (
-        "convolutions started as the identity on their input channels (identity_init)",
-        {"identity_init": True},
+    "no_identity_init": (
+        "convolutions at torch's random initialisation instead of identity_init",
+        {"identity_init": False},
     ),
-    "identity_init_seed_1": ("identity_init, seed 1", {"identity_init": True, "seed": 1}),
-    "identity_init_seed_2": ("identity_init, seed 2", {"identity_init": True, "seed": 2}),
+    "no_identity_init_seed_1": ("no identity_init, seed 1", {"identity_init": False, "seed": 1}),
+    "no_identity_init_seed_2": ("no identity_init, seed 2", {"identity_init": False, "seed": 2}),
     "random_flip": ("flips drawn at random instead of alternating", {"flip": "random"}),
     "padding_4": ("crops shifted up to 4 pixels instead of 2", {"crop_padding": 4}),
     "no_augment": ("no crops or flips", {"augment": False}),
